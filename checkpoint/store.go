@@ -1,0 +1,154 @@
+package checkpoint
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"time"
+)
+
+// Delete and Mark are the two ways of acknowledging delivered rows
+// (--on-delivered).
+const (
+	Delete = "delete"
+	Mark   = "mark"
+)
+
+// Config says whose progress row this is and how rows are acknowledged.
+type Config struct {
+	RelayName         string        // --relay-name; default "default"
+	Table             string        // the outbox table; default "outbox"
+	OnDelivered       string        // Delete (default) or Mark
+	Instance          string        // leader_instance; default host:pid
+	HeartbeatInterval time.Duration // leadership heartbeat; default 2s
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}$`)
+
+// Validate fills defaults and checks the values.
+func (c *Config) Validate() error {
+	if c.RelayName == "" {
+		c.RelayName = "default"
+	}
+	if len(c.RelayName) > 255 {
+		return fmt.Errorf("relay name is %d bytes long: at most 255", len(c.RelayName))
+	}
+	if c.Table == "" {
+		c.Table = "outbox"
+	}
+	if !identRE.MatchString(c.Table) {
+		return fmt.Errorf("table name %q: use letters, digits, _ and $ only (at most 64)", c.Table)
+	}
+	switch c.OnDelivered {
+	case "":
+		c.OnDelivered = Delete
+	case Delete, Mark:
+	default:
+		return fmt.Errorf("on-delivered %q: want %q or %q", c.OnDelivered, Delete, Mark)
+	}
+	if c.Instance == "" {
+		host, _ := os.Hostname()
+		c.Instance = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 2 * time.Second
+	}
+	return nil
+}
+
+// Position is a stored binlog position: a GTID set, or file+pos on servers
+// without GTIDs.
+type Position struct {
+	Flavor  string
+	GTIDSet string
+	File    string
+	Pos     uint64
+}
+
+// IsZero reports whether no position is stored yet (first start).
+func (p Position) IsZero() bool { return p.GTIDSet == "" && p.File == "" }
+
+// Progress is the relay's row in outbox_relay_progress.
+type Progress struct {
+	RelayName       string
+	Position        Position
+	Mode            string
+	Status          string
+	Epoch           int64
+	LeaderInstance  string
+	LeaderSince     time.Time
+	LeaderHeartbeat time.Time
+	ErrorCount      int64
+	LastError       string
+	LastEventAt     time.Time
+	UpdatedAt       time.Time
+}
+
+// ErrFenced means the progress row's epoch is no longer ours: another relay
+// became leader. The caller must stop publishing at once.
+var ErrFenced = errors.New("leadership lost: the progress row belongs to a newer epoch")
+
+// Store reads and writes one relay's progress row.
+type Store struct {
+	db  *sql.DB
+	cfg Config
+}
+
+// New returns a store over db, which must reach the database holding the
+// outbox and progress tables.
+func New(db *sql.DB, cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("checkpoint config: %w", err)
+	}
+	return &Store{db: db, cfg: cfg}, nil
+}
+
+// Config returns the validated configuration.
+func (s *Store) Config() Config { return s.cfg }
+
+// Load returns the progress row, creating an empty one on first use.
+func (s *Store) Load(ctx context.Context) (Progress, error) {
+	if _, err := s.db.ExecContext(ctx,
+		"INSERT IGNORE INTO outbox_relay_progress (relay_name) VALUES (?)", s.cfg.RelayName); err != nil {
+		return Progress{}, fmt.Errorf("create progress row for relay %q: %w", s.cfg.RelayName, err)
+	}
+	var (
+		p                                     Progress
+		flavor, gtid, file, leader, lastError sql.NullString
+		pos                                   sql.NullInt64
+		since, hb, lastEvent                  sql.NullTime
+	)
+	err := s.db.QueryRowContext(ctx, `SELECT relay_name, flavor, gtid_set, binlog_file, binlog_pos,
+		mode, status, epoch, leader_instance, leader_since, leader_heartbeat, error_count, last_error,
+		last_event_at, updated_at FROM outbox_relay_progress WHERE relay_name = ?`, s.cfg.RelayName).Scan(
+		&p.RelayName, &flavor, &gtid, &file, &pos, &p.Mode, &p.Status, &p.Epoch, &leader, &since, &hb,
+		&p.ErrorCount, &lastError, &lastEvent, &p.UpdatedAt)
+	if err != nil {
+		return Progress{}, fmt.Errorf("read progress row for relay %q: %w", s.cfg.RelayName, err)
+	}
+	p.Position = Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint64(pos.Int64)}
+	p.LeaderInstance, p.LastError = leader.String, lastError.String
+	p.LeaderSince, p.LeaderHeartbeat, p.LastEventAt = since.Time, hb.Time, lastEvent.Time
+	return p, nil
+}
+
+// RecordError counts a failure in the progress row (error_count, last_error)
+// so `status` can show it; best effort for a leader of the given epoch.
+func (s *Store) RecordError(ctx context.Context, epoch int64, msg string) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress SET error_count = error_count + 1,
+		last_error = ? WHERE relay_name = ? AND epoch = ?`, truncate(msg, 1024), s.cfg.RelayName, epoch)
+	if err != nil {
+		return fmt.Errorf("record error for relay %q: %w", s.cfg.RelayName, err)
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

@@ -1,0 +1,122 @@
+package publish_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/publish"
+)
+
+// benchBody is a 256-byte payload.
+var benchBody = []byte(fmt.Sprintf("%0256d", 0))
+
+// split gives channel i of n its share of total messages.
+func split(total, n, i int) int {
+	share := total / n
+	if i < total%n {
+		share++
+	}
+	return share
+}
+
+// BenchmarkPublish: confirmed persistent 256-byte messages per second into
+// one durable queue, window 256, over N Channels of one Publisher.
+func BenchmarkPublish(b *testing.B) {
+	for _, n := range []int{1, 4} {
+		b.Run(fmt.Sprintf("channels=%d", n), func(b *testing.B) {
+			broker := testenv.RabbitMQ(b)
+			p := newPublisher(b, broker.URL, func(c *publish.Config) { c.ConfirmWindow = 256 })
+			chans := make([]*publish.Channel, n)
+			for i := range chans {
+				c, err := p.NewChannel(func(publish.Result) {})
+				if err != nil {
+					b.Fatal(err)
+				}
+				chans[i] = c
+			}
+			ctx := context.Background()
+			m := publish.Message{Exchange: broker.Exchange, RoutingKey: "bench",
+				Publishing: amqp.Publishing{DeliveryMode: amqp.Persistent, Body: benchBody}}
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i, c := range chans {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range split(b.N, n, i) {
+						if err := c.Publish(ctx, m); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+					if err := c.Flush(ctx); err != nil {
+						b.Error(err)
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		})
+	}
+}
+
+// BenchmarkBareAMQP is the same load with amqp091 alone: confirm mode, a
+// semaphore of 256 unconfirmed messages per channel, no retention, returns
+// or reconnects.
+func BenchmarkBareAMQP(b *testing.B) {
+	for _, n := range []int{1, 4} {
+		b.Run(fmt.Sprintf("channels=%d", n), func(b *testing.B) {
+			broker := testenv.RabbitMQ(b)
+			conn, err := amqp.Dial(broker.URL)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i := range n {
+				ch, err := conn.Channel()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := ch.Confirm(false); err != nil {
+					b.Fatal(err)
+				}
+				confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 256))
+				count := split(b.N, n, i)
+				wg.Add(2)
+				sem := make(chan struct{}, 256)
+				go func() {
+					defer wg.Done()
+					for range count {
+						sem <- struct{}{}
+						if err := ch.Publish(broker.Exchange, "bench", true, false,
+							amqp.Publishing{DeliveryMode: amqp.Persistent, Body: benchBody}); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+				go func() {
+					defer wg.Done()
+					for range count {
+						if c := <-confirms; !c.Ack {
+							b.Error("nack")
+						}
+						<-sem
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		})
+	}
+}

@@ -1,0 +1,100 @@
+package publish
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+)
+
+// Defaults applied by Config.Validate.
+const (
+	DefaultConfirmWindow = 256
+	DefaultMaxAttempts   = 5
+	DefaultReconnectMin  = 100 * time.Millisecond
+	DefaultReconnectMax  = 10 * time.Second
+
+	// maxConfirmWindow keeps the per-channel notification buffers (sized to
+	// the window) and the memory a window pins reasonable.
+	maxConfirmWindow = 65535
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// URL is the broker, amqp://user:pass@host:port/vhost (or amqps://).
+	// The password never appears in errors or logs.
+	URL string
+	// ConfirmWindow is the most messages a Channel holds without a Result
+	// (published and not confirmed, or confirmed and waiting for an earlier
+	// message's Result). Default 256.
+	ConfirmWindow int
+	// MaxAttempts is how many times a message the broker nacks is published
+	// before it is reported Rejected. Default 5.
+	MaxAttempts int
+	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
+	// between dial attempts and channel reopens. Defaults 100ms and 10s.
+	ReconnectMin, ReconnectMax time.Duration
+	// Logger receives connection events. Default zap.NewNop().
+	Logger *zap.Logger
+	// OnReconnect, when set, is called after every successful redial (not
+	// the first dial), for a reconnects metric. It must not block.
+	OnReconnect func()
+}
+
+// Validate applies the defaults to zero fields and checks the rest. Errors
+// name the URL in redacted form only.
+func (c *Config) Validate() error {
+	if c.URL == "" {
+		return errors.New("publish config: URL is empty")
+	}
+	uri, err := amqp.ParseURI(c.URL)
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			// url.Error repeats the whole URL, password included.
+			return errors.New("publish config: URL cannot be parsed (user name and password must be percent-encoded)")
+		}
+		return fmt.Errorf("publish config: URL %s: %w", redactURL(c.URL), err)
+	}
+	if uri.Port < 1 || uri.Port > 65535 {
+		return fmt.Errorf("publish config: URL %s: port %d out of range", redactURL(c.URL), uri.Port)
+	}
+	if c.ConfirmWindow == 0 {
+		c.ConfirmWindow = DefaultConfirmWindow
+	}
+	if c.ConfirmWindow < 1 || c.ConfirmWindow > maxConfirmWindow {
+		return fmt.Errorf("publish config: ConfirmWindow %d out of range 1..%d", c.ConfirmWindow, maxConfirmWindow)
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.MaxAttempts < 1 {
+		return fmt.Errorf("publish config: MaxAttempts %d must be at least 1", c.MaxAttempts)
+	}
+	if c.ReconnectMin == 0 {
+		c.ReconnectMin = DefaultReconnectMin
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = DefaultReconnectMax
+	}
+	if c.ReconnectMin < 0 || c.ReconnectMax < c.ReconnectMin {
+		return fmt.Errorf("publish config: reconnect backoff %v..%v: want 0 < min <= max", c.ReconnectMin, c.ReconnectMax)
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// redactURL returns the URL with its password replaced by "xxxxx", or a
+// placeholder when it cannot be parsed (the raw text might hold a password).
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<unparsable amqp url>"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,407 @@
+package publish_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/publish"
+)
+
+// publishAll publishes msgs in order on c and waits for their Results.
+func publishAll(t *testing.T, c *publish.Channel, msgs []publish.Message) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, m := range msgs {
+		if err := c.Publish(ctx, m); err != nil {
+			t.Errorf("Publish %v: %v", m.Tag, err)
+			return
+		}
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Errorf("Flush: %v", err)
+	}
+}
+
+// checkResults checks that results are one per message, in publish order,
+// with the outcome want gives for each tag.
+func checkResults(t *testing.T, got []publish.Result, msgs []publish.Message, want func(tag any) publish.Outcome) {
+	t.Helper()
+	if len(got) != len(msgs) {
+		t.Fatalf("%d results for %d messages", len(got), len(msgs))
+	}
+	for i, r := range got {
+		if r.Tag != msgs[i].Tag {
+			t.Fatalf("result %d has tag %v, want %v (publish order)", i, r.Tag, msgs[i].Tag)
+		}
+		if w := want(r.Tag); r.Outcome != w {
+			t.Errorf("message %v: outcome %v (%d %q), want %v", r.Tag, r.Outcome, r.Code, r.Reason, w)
+		}
+	}
+}
+
+func allConfirmed(any) publish.Outcome { return publish.Confirmed }
+
+// checkFirstDeliveryOrder checks that, per lane, the first delivery of each
+// message comes in id order, and returns the number of duplicates.
+func checkFirstDeliveryOrder(t *testing.T, ds []amqp.Delivery) (dups int) {
+	t.Helper()
+	seen := map[string]bool{}
+	last := map[string]int64{}
+	for _, d := range ds {
+		if seen[d.MessageId] {
+			dups++
+			continue
+		}
+		seen[d.MessageId] = true
+		lane := d.Headers["x-partition-key"].(string)
+		id := d.Headers["x-outbox-id"].(int64)
+		if id <= last[lane] {
+			t.Errorf("lane %s: first delivery of id %d after id %d", lane, id, last[lane])
+		}
+		last[lane] = id
+	}
+	return dups
+}
+
+func TestConfirmsOrderAndWireFormat(t *testing.T) {
+	checkGoroutines(t)
+	b := testenv.RabbitMQ(t)
+	p := newPublisher(t, b.URL, nil)
+	cons := consume(t, b.URL, b.Queue)
+
+	const lanes, perLane = 4, 2500
+	sent := map[string]publish.Message{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	res := make([]*results, lanes)
+	msgs := make([][]publish.Message, lanes)
+	for lane := range lanes {
+		var c *publish.Channel
+		c, res[lane] = newChannel(t, p)
+		for i := range perLane {
+			id := uint64(lane*perLane + i + 1)
+			m := message(t, record(id, lane, b.Exchange, fmt.Sprintf("lane.%d", lane)))
+			msgs[lane] = append(msgs[lane], m)
+			sent[m.Publishing.MessageId] = m
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			publishAll(t, c, msgs[lane])
+		}()
+	}
+	wg.Wait()
+	for lane := range lanes {
+		checkResults(t, res[lane].all(), msgs[lane], allConfirmed)
+	}
+
+	ds := cons.waitFor(t, 30*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= lanes*perLane })
+	time.Sleep(200 * time.Millisecond) // a duplicate would show up now
+	ds = cons.waitFor(t, time.Second, func([]amqp.Delivery) bool { return true })
+	if len(ds) != lanes*perLane || distinctIDs(ds) != lanes*perLane {
+		t.Fatalf("consumer got %d deliveries of %d messages, want %d once each", len(ds), distinctIDs(ds), lanes*perLane)
+	}
+	if dups := checkFirstDeliveryOrder(t, ds); dups != 0 {
+		t.Errorf("%d duplicates without a fault", dups)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, d := range ds {
+		m := sent[d.MessageId]
+		want := m.Publishing
+		if d.Exchange != m.Exchange || d.RoutingKey != m.RoutingKey ||
+			d.ContentType != want.ContentType || d.DeliveryMode != amqp.Persistent ||
+			d.Type != want.Type || string(d.Body) != string(want.Body) ||
+			!d.Timestamp.Equal(want.Timestamp.Truncate(time.Second)) ||
+			!reflect.DeepEqual(d.Headers, want.Headers) {
+			t.Fatalf("delivery differs from the message FromRecord built:\ngot  %s %s %+v\nwant %s %s %+v",
+				d.Exchange, d.RoutingKey, deliveryProps(d), m.Exchange, m.RoutingKey, want)
+		}
+	}
+}
+
+func deliveryProps(d amqp.Delivery) amqp.Publishing {
+	return amqp.Publishing{Headers: d.Headers, ContentType: d.ContentType, DeliveryMode: d.DeliveryMode,
+		MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type}
+}
+
+func TestUnroutableIsReturned(t *testing.T) {
+	checkGoroutines(t)
+	b := testenv.RabbitMQ(t)
+	p := newPublisher(t, b.URL, nil)
+	cons := consume(t, b.URL, b.Queue)
+	c, res := newChannel(t, p)
+
+	// The default exchange routes by queue name: "no-such-queue..." has none.
+	unroutable := map[any]bool{uint64(5): true, uint64(6): true, uint64(20): true}
+	var msgs []publish.Message
+	for id := uint64(1); id <= 40; id++ {
+		key := b.Queue
+		if unroutable[id] {
+			key = "no-such-queue." + b.Queue
+		}
+		msgs = append(msgs, message(t, record(id, 0, "", key)))
+	}
+	publishAll(t, c, msgs)
+	checkResults(t, res.all(), msgs, func(tag any) publish.Outcome {
+		if unroutable[tag] {
+			return publish.Returned
+		}
+		return publish.Confirmed
+	})
+	for _, r := range res.all() {
+		if r.Outcome == publish.Returned && (r.Code != 312 || !strings.Contains(r.Reason, "NO_ROUTE")) {
+			t.Errorf("returned %v: code %d reason %q, want 312 NO_ROUTE", r.Tag, r.Code, r.Reason)
+		}
+	}
+	ds := cons.waitFor(t, 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= 37 })
+	if dups := checkFirstDeliveryOrder(t, ds); dups != 0 || len(ds) != 37 {
+		t.Errorf("consumer got %d deliveries (%d duplicates), want the 37 routable ones", len(ds), dups)
+	}
+}
+
+func TestMissingExchange(t *testing.T) {
+	checkGoroutines(t)
+	b := testenv.RabbitMQ(t)
+	p := newPublisher(t, b.URL, nil)
+	cons := consume(t, b.URL, b.Queue)
+	c, res := newChannel(t, p)
+
+	// 10 and 30 are pipelined with others (probe mode finds them); 61 is
+	// published alone (the one unconfirmed message is the culprit).
+	missing := map[any]bool{uint64(10): true, uint64(30): true, uint64(61): true}
+	var msgs []publish.Message
+	for id := uint64(1); id <= 80; id++ {
+		ex := b.Exchange
+		if missing[id] {
+			ex = "no-such-exchange." + b.Exchange
+		}
+		msgs = append(msgs, message(t, record(id, 0, ex, "k")))
+	}
+	publishAll(t, c, msgs[:60])
+	publishAll(t, c, msgs[60:61])
+	publishAll(t, c, msgs[61:])
+	checkResults(t, res.all(), msgs, func(tag any) publish.Outcome {
+		if missing[tag] {
+			return publish.Returned
+		}
+		return publish.Confirmed
+	})
+	for _, r := range res.all() {
+		if r.Outcome == publish.Returned && (r.Code != 404 || !strings.HasPrefix(r.Reason, "exchange not found")) {
+			t.Errorf("returned %v: code %d reason %q, want 404 exchange not found", r.Tag, r.Code, r.Reason)
+		}
+	}
+	ds := cons.waitFor(t, 10*time.Second, func(ds []amqp.Delivery) bool { return distinctIDs(ds) >= 77 })
+	dups := checkFirstDeliveryOrder(t, ds)
+	t.Logf("%d deliveries, %d duplicates from republishing after the channel closes", len(ds), dups)
+}
+
+func TestReconnectAfterCut(t *testing.T) {
+	checkGoroutines(t)
+	b := testenv.RabbitMQ(t)
+	proxy := newFaultProxy(t, amqpHostPort(t, b.URL))
+	var reconnects atomic.Int32
+	p := newPublisher(t, viaProxy(t, b.URL, proxy.Addr()), func(c *publish.Config) {
+		c.ReconnectMin = 20 * time.Millisecond
+		c.ReconnectMax = 200 * time.Millisecond
+		c.OnReconnect = func() { reconnects.Add(1) }
+	})
+	cons := consume(t, b.URL, b.Queue)
+
+	const lanes, perLane = 2, 1000
+	var wg sync.WaitGroup
+	res := make([]*results, lanes)
+	msgs := make([][]publish.Message, lanes)
+	for lane := range lanes {
+		var c *publish.Channel
+		c, res[lane] = newChannel(t, p)
+		for i := range perLane {
+			id := uint64(lane*perLane + i + 1)
+			msgs[lane] = append(msgs[lane], message(t, record(id, lane, b.Exchange, "k")))
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			publishAll(t, c, msgs[lane])
+		}()
+	}
+	// Cut twice mid-stream, once while refusing new connections for a while.
+	total := func() int { return res[0].len() + res[1].len() }
+	for total() < 400 {
+		time.Sleep(time.Millisecond)
+	}
+	proxy.Cut()
+	for total() < 1200 {
+		time.Sleep(time.Millisecond)
+	}
+	proxy.Disable()
+	proxy.Cut()
+	time.Sleep(300 * time.Millisecond)
+	proxy.Enable()
+	wg.Wait()
+
+	for lane := range lanes {
+		checkResults(t, res[lane].all(), msgs[lane], allConfirmed)
+	}
+	ds := cons.waitFor(t, 30*time.Second, func(ds []amqp.Delivery) bool { return distinctIDs(ds) >= lanes*perLane })
+	dups := checkFirstDeliveryOrder(t, ds)
+	t.Logf("%d messages, %d deliveries, %d duplicates, %d reconnects", lanes*perLane, len(ds), dups, reconnects.Load())
+	if reconnects.Load() < 2 {
+		t.Errorf("OnReconnect called %d times, want at least 2", reconnects.Load())
+	}
+}
+
+func TestBrokerDownAtStart(t *testing.T) {
+	checkGoroutines(t)
+	b := testenv.RabbitMQ(t)
+	proxy := newFaultProxy(t, amqpHostPort(t, b.URL))
+	proxy.Disable()
+	p := newPublisher(t, viaProxy(t, b.URL, proxy.Addr()), func(c *publish.Config) {
+		c.ReconnectMin = 20 * time.Millisecond
+		c.ReconnectMax = 100 * time.Millisecond
+	})
+	c, res := newChannel(t, p)
+	m := message(t, record(1, 0, b.Exchange, "k"))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := c.Publish(ctx, m); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Publish with the broker down: %v, want context.DeadlineExceeded", err)
+	}
+	proxy.Enable()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Publish(ctx, m); err != nil {
+		t.Fatalf("Publish after the broker came up: %v", err)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	if got := res.all(); len(got) != 1 || got[0].Outcome != publish.Confirmed {
+		t.Fatalf("results %+v, want one Confirmed", got)
+	}
+}
+
+func TestNewRejectsBadCredentials(t *testing.T) {
+	checkGoroutines(t)
+	b := testenv.RabbitMQ(t)
+	u, err := amqp.ParseURI(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Password = "s3cret-wrong"
+	start := time.Now()
+	p, err := publish.New(context.Background(), publish.Config{URL: u.String()})
+	if err == nil {
+		p.Close()
+		t.Fatal("New with a wrong password succeeded")
+	}
+	t.Logf("error after %v: %v", time.Since(start), err)
+	if strings.Contains(err.Error(), "s3cret-wrong") {
+		t.Errorf("error shows the password: %v", err)
+	}
+	if !strings.Contains(err.Error(), "ACCESS_REFUSED") {
+		t.Errorf("error %q does not say ACCESS_REFUSED", err)
+	}
+}
+
+func TestCloseUnblocksPublish(t *testing.T) {
+	checkGoroutines(t)
+	b := testenv.RabbitMQ(t)
+	p := newPublisher(t, b.URL, func(c *publish.Config) { c.ConfirmWindow = 1 })
+	block := make(chan struct{})
+	c, err := p.NewChannel(func(publish.Result) { <-block })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Publish(ctx, message(t, record(1, 0, b.Exchange, "k"))); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- c.Publish(ctx, message(t, record(2, 0, b.Exchange, "k"))) }()
+	select {
+	case err := <-errc:
+		t.Fatalf("Publish with a full window returned %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(block)
+	if err := <-errc; err != nil {
+		t.Fatalf("Publish after the window freed: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Publish(ctx, message(t, record(3, 0, b.Exchange, "k"))); !errors.Is(err, publish.ErrClosed) {
+		t.Fatalf("Publish after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestNackedIsRejectedAfterMaxAttempts(t *testing.T) {
+	checkGoroutines(t)
+	b := testenv.RabbitMQ(t)
+	// A queue full with one message that rejects what does not fit: the
+	// broker nacks every publish routed only to it.
+	full := "full." + b.Queue
+	conn, err := amqp.Dial(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(full, false, true, false, false,
+		amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if _, err := ch.QueueDelete(full, false, false, false); err != nil {
+			t.Errorf("delete queue %s: %v", full, err)
+		}
+	}()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirm("", full, false, false, amqp.Publishing{Body: []byte("filler")})
+	if err != nil || !dc.Wait() {
+		t.Fatalf("publish filler: %v", err)
+	}
+
+	p := newPublisher(t, b.URL, func(c *publish.Config) { c.MaxAttempts = 3 })
+	c, res := newChannel(t, p)
+	nacked := map[any]bool{uint64(3): true, uint64(7): true}
+	var msgs []publish.Message
+	for id := uint64(1); id <= 20; id++ {
+		key := b.Queue
+		if nacked[id] {
+			key = full
+		}
+		msgs = append(msgs, message(t, record(id, 0, "", key)))
+	}
+	publishAll(t, c, msgs)
+	checkResults(t, res.all(), msgs, func(tag any) publish.Outcome {
+		if nacked[tag] {
+			return publish.Rejected
+		}
+		return publish.Confirmed
+	})
+	for _, r := range res.all() {
+		if r.Outcome == publish.Rejected && r.Reason != "nacked 3 times" {
+			t.Errorf("rejected %v: reason %q, want \"nacked 3 times\"", r.Tag, r.Reason)
+		}
+	}
+}

@@ -1,0 +1,290 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+)
+
+// ErrClosed is returned by the methods of a closed Publisher or Channel, and
+// by Publish and Flush once the Publisher's context has ended.
+var ErrClosed = errors.New("publish: closed")
+
+// dialTimeout bounds the TCP connect and the AMQP handshake of one dial
+// attempt; heartbeats take over once the connection is open.
+const dialTimeout = 10 * time.Second
+
+// Publisher owns one AMQP connection and redials it with jittered backoff
+// while the context given to New lives. Its Channels reopen on every new
+// connection. Safe for concurrent use.
+type Publisher struct {
+	cfg    Config
+	log    *zap.Logger
+	ctx    context.Context // ends on Close or when New's ctx ends
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the supervisor goroutine
+
+	mu       sync.Mutex
+	conn     *amqp.Connection // nil while down
+	blocked  bool             // connection.blocked in force on conn
+	finished bool             // supervisor gone: no connection ever again
+	changed  chan struct{}    // closed and replaced when conn, blocked or finished change
+	channels map[*Channel]struct{}
+	closed   bool
+}
+
+// New validates cfg and dials once, so a bad URL, bad credentials or a vhost
+// the user may not use fail at once with a clear error (ACCESS_REFUSED is
+// fatal). When the broker cannot be reached (connection refused, timeout) New
+// still succeeds and keeps dialling in the background: a relay may start
+// before its broker. The Publisher lives until Close or until ctx ends; after
+// ctx ends Publish and Flush return ErrClosed, and Close must still be called.
+func New(ctx context.Context, cfg Config) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	p := &Publisher{
+		cfg:      cfg,
+		log:      cfg.Logger.With(zap.String("amqp_url", redactURL(cfg.URL))),
+		ctx:      pctx,
+		cancel:   cancel,
+		changed:  make(chan struct{}),
+		channels: map[*Channel]struct{}{},
+	}
+	conn, err := p.dial()
+	if err != nil {
+		if fatalDialError(err) {
+			cancel()
+			return nil, fmt.Errorf("connect to AMQP broker %s: ACCESS_REFUSED, check the user, password and vhost: %w",
+				redactURL(cfg.URL), err)
+		}
+		p.log.Warn("AMQP broker unreachable, retrying in the background", zap.Error(err))
+	}
+	p.wg.Add(1)
+	go p.supervise(conn)
+	return p, nil
+}
+
+// fatalDialError tells configuration errors, which retrying cannot fix, from
+// an unreachable broker.
+func fatalDialError(err error) bool {
+	// RabbitMQ 3.10 drops the socket after a failed login, which amqp091
+	// reports as ErrCredentials (403, Server false); a socket cut right after
+	// start-ok looks the same, a rare misdiagnosis at startup only.
+	var aerr *amqp.Error
+	if errors.As(err, &aerr) {
+		return aerr.Code == amqp.AccessRefused || aerr.Code == amqp.NotAllowed
+	}
+	return false
+}
+
+func (p *Publisher) dial() (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("outbox-relay publish")
+	return amqp.DialConfig(p.cfg.URL, amqp.Config{
+		Properties: props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			// Unlike amqp.DefaultDial this honours the Publisher's context, so
+			// Close does not wait out a connect to a silent host.
+			d := net.Dialer{Timeout: dialTimeout}
+			conn, err := d.DialContext(p.ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			if err := conn.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			return conn, nil
+		},
+	})
+}
+
+// supervise owns the connection: it watches it, tracks connection.blocked
+// and redials after a loss until p.ctx ends.
+func (p *Publisher) supervise(conn *amqp.Connection) {
+	defer p.wg.Done()
+	defer p.finish()
+	bo := backoff{min: p.cfg.ReconnectMin, max: p.cfg.ReconnectMax}
+	everConnected := conn != nil
+	for {
+		if conn == nil {
+			if !sleep(bo.next(), p.ctx.Done()) {
+				return
+			}
+			var err error
+			conn, err = p.dial()
+			if err != nil {
+				if p.ctx.Err() != nil {
+					return
+				}
+				p.log.Warn("dial AMQP broker", zap.Error(err))
+				continue
+			}
+			if everConnected {
+				p.log.Info("reconnected to AMQP broker")
+				if p.cfg.OnReconnect != nil {
+					p.cfg.OnReconnect()
+				}
+			} else {
+				p.log.Info("connected to AMQP broker")
+			}
+			everConnected = true
+		}
+		bo.reset()
+		if !p.watch(conn) {
+			return
+		}
+		conn = nil
+	}
+}
+
+// watch publishes conn to the Channels and returns when it is lost (true) or
+// when p.ctx ended (false; conn is then closed).
+func (p *Publisher) watch(conn *amqp.Connection) bool {
+	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
+	// amqp091 gives up on a listener that does not take a notification
+	// within 5s; this goroutine always takes them at once.
+	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 8))
+	p.setConn(conn)
+	for {
+		select {
+		case <-p.ctx.Done():
+			p.setConn(nil)
+			// Bounded: a broker that blocks us may not answer close-ok.
+			_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
+			return false
+		case b, ok := <-blocks:
+			if !ok {
+				blocks = nil
+				continue
+			}
+			if b.Active {
+				p.log.Warn("AMQP broker blocked publishing", zap.String("reason", b.Reason))
+			} else {
+				p.log.Info("AMQP broker unblocked publishing")
+			}
+			p.setBlocked(b.Active)
+		case err := <-closes:
+			p.setConn(nil)
+			if err != nil {
+				p.log.Warn("AMQP connection lost", zap.Error(err))
+			} else {
+				p.log.Warn("AMQP connection closed")
+			}
+			if !conn.IsClosed() {
+				_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
+			}
+			return true
+		}
+	}
+}
+
+func (p *Publisher) setConn(conn *amqp.Connection) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conn = conn
+	// A new connection starts unblocked; the broker says again if not.
+	p.blocked = false
+	p.notifyLocked()
+}
+
+func (p *Publisher) setBlocked(b bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blocked = b
+	p.notifyLocked()
+}
+
+func (p *Publisher) finish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conn = nil
+	p.finished = true
+	p.notifyLocked()
+}
+
+func (p *Publisher) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// Blocked reports whether the broker has blocked this connection
+// (connection.blocked, a memory or disk alarm). Publish waits while it is.
+func (p *Publisher) Blocked() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.blocked
+}
+
+// state returns the current connection (nil while down), whether publishing
+// is blocked, whether the Publisher is finished, and a channel closed at the
+// next change of any of these.
+func (p *Publisher) state() (conn *amqp.Connection, blocked, finished bool, changed <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conn, p.blocked, p.finished, p.changed
+}
+
+// awaitConn waits for an open connection; nil when the Publisher is finished
+// or stop is closed.
+func (p *Publisher) awaitConn(stop <-chan struct{}) *amqp.Connection {
+	for {
+		conn, _, finished, changed := p.state()
+		if finished {
+			return nil
+		}
+		if conn != nil && !conn.IsClosed() {
+			return conn
+		}
+		select {
+		case <-changed:
+		case <-stop:
+			return nil
+		}
+	}
+}
+
+// Close closes every Channel, then the connection, and waits for all their
+// goroutines. Messages still without a Result get none. Idempotent.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	chans := make([]*Channel, 0, len(p.channels))
+	for c := range p.channels {
+		chans = append(chans, c)
+	}
+	p.mu.Unlock()
+	// The connection goes first: its close is bounded, and it ends every
+	// channel at once instead of one channel.close round trip each.
+	p.cancel()
+	p.wg.Wait()
+	var errs []error
+	for _, c := range chans {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Publisher) register(c *Channel) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.finished {
+		return ErrClosed
+	}
+	p.channels[c] = struct{}{}
+	return nil
+}
+
+func (p *Publisher) unregister(c *Channel) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.channels, c)
+}

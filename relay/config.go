@@ -1,0 +1,121 @@
+package relay
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+)
+
+// Config is the relay's configuration; zero values take the defaults below.
+type Config struct {
+	MySQLDSN        string // go-sql-driver form user:pass@tcp(host:port)/db
+	AMQPURL         string
+	Table           string // default "outbox"
+	RelayName       string // default "default"
+	ServerID        uint32 // our replica server id; default 7_364_000 + a value derived from the relay name
+	DefaultExchange string // exchange for rows whose exchange is ''
+	OnDelivered     string // checkpoint.Delete (default) or checkpoint.Mark
+
+	MaxInflightBytes int64 // default 64 MiB
+	Lanes            int   // publishing lanes (AMQP channels); default 16
+	ConfirmWindow    int   // unconfirmed messages per lane; default 256
+	MaxAttempts      int   // broker nacks before a message goes to outbox_failed; default 5
+
+	HeartbeatInterval  time.Duration // leadership heartbeat; default 2s
+	CheckpointInterval time.Duration // how often an idle relay moves its position past foreign transactions; default 30s
+	StandbyRetry       time.Duration // how often a standby tries to take leadership; default 5s
+	ShutdownTimeout    time.Duration // how long SIGTERM waits for in-flight confirms; default 30s
+
+	Instance string // leader_instance; default host:pid
+	Logger   *zap.Logger
+}
+
+// ConfigError is a configuration or server-setup problem that retrying will
+// not fix; the CLI exits 2 on it.
+type ConfigError struct{ Err error }
+
+func (e *ConfigError) Error() string { return e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// Validate fills defaults and checks values; errors are *ConfigError.
+func (c *Config) Validate() error {
+	bad := func(format string, a ...any) error { return &ConfigError{fmt.Errorf(format, a...)} }
+	if c.MySQLDSN == "" {
+		return bad("mysql-dsn is empty: set --mysql-dsn user:pass@tcp(host:3306)/db")
+	}
+	dsn, err := mysql.ParseDSN(c.MySQLDSN)
+	if err != nil {
+		return bad("mysql-dsn does not parse (want user:pass@tcp(host:port)/db): %s", redactErr(err, c.MySQLDSN))
+	}
+	if dsn.DBName == "" {
+		return bad("mysql-dsn names no database: add it after the slash, e.g. user:pass@tcp(host:3306)/app")
+	}
+	if c.AMQPURL == "" {
+		return bad("amqp-url is empty: set --amqp-url amqp://user:pass@host:5672/")
+	}
+	if c.Table == "" {
+		c.Table = "outbox"
+	}
+	if c.RelayName == "" {
+		c.RelayName = "default"
+	}
+	if c.ServerID == 0 {
+		c.ServerID = defaultServerID(c.RelayName)
+	}
+	switch c.OnDelivered {
+	case "":
+		c.OnDelivered = checkpoint.Delete
+	case checkpoint.Delete, checkpoint.Mark:
+	default:
+		return bad("on-delivered %q: want %q or %q", c.OnDelivered, checkpoint.Delete, checkpoint.Mark)
+	}
+	setDefault(&c.MaxInflightBytes, 64<<20)
+	setDefault(&c.Lanes, 16)
+	setDefault(&c.ConfirmWindow, 256)
+	setDefault(&c.MaxAttempts, 5)
+	setDefault(&c.HeartbeatInterval, 2*time.Second)
+	setDefault(&c.CheckpointInterval, 30*time.Second)
+	setDefault(&c.StandbyRetry, 5*time.Second)
+	setDefault(&c.ShutdownTimeout, 30*time.Second)
+	if c.MaxInflightBytes < 1<<20 {
+		return bad("max-inflight-bytes %d is below 1 MiB", c.MaxInflightBytes)
+	}
+	if c.Lanes > 1024 {
+		return bad("lanes %d: at most 1024 (each is an AMQP channel)", c.Lanes)
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+func setDefault[T int | int64 | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
+}
+
+// defaultServerID derives a stable replica server id from the relay name so
+// two relays with different names on one server do not clash by default.
+func defaultServerID(name string) uint32 {
+	var h uint32 = 2166136261
+	for i := 0; i < len(name); i++ {
+		h = (h ^ uint32(name[i])) * 16777619
+	}
+	return 7_364_000 + h%100_000
+}
+
+// redactErr keeps a DSN's password out of an error message.
+func redactErr(err error, dsn string) string {
+	msg := err.Error()
+	if cfg, e := mysql.ParseDSN(dsn); e == nil && cfg.Passwd != "" {
+		msg = strings.ReplaceAll(msg, cfg.Passwd, "xxxxx")
+	}
+	return msg
+}
+

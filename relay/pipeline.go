@@ -1,0 +1,438 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/canal"
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/ordering"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/publish"
+)
+
+type ticket = ordering.Ticket[canal.Position]
+
+// pipeline is one leader term: lanes publishing on their own channels, the
+// tracker, the acker. It lives until leadership is lost, an error, or shutdown.
+type pipeline struct {
+	r         *Relay
+	epoch     int64
+	tracker   *ordering.Tracker[canal.Position]
+	lanes     *ordering.Lanes
+	queues    []chan *laneItem
+	channels  []*publish.Channel
+	publisher *publish.Publisher
+	mode      atomic.Value // string stored with acknowledgements: "poll" until the handover window closes
+
+	ackMu      sync.Mutex
+	pendingAck ordering.Batch[canal.Position]
+	lastAck    time.Time
+}
+
+type laneItem struct {
+	tk  *ticket
+	msg publish.Message
+}
+
+// lead runs one leader term.
+func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
+	// pubCtx outlives ctx by the shutdown grace so in-flight confirms can
+	// finish; it dies at once when leadership is lost.
+	pubCtx, cancelPub := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelPub()
+	go func() {
+		select {
+		case <-leader.Lost():
+			cancelPub()
+		case <-pubCtx.Done():
+		}
+	}()
+	readCtx, cancelRead := context.WithCancel(ctx)
+	defer cancelRead()
+	go func() {
+		select {
+		case <-leader.Lost():
+			cancelRead()
+		case <-readCtx.Done():
+		}
+	}()
+
+	progress, err := r.store.Load(readCtx)
+	if err != nil {
+		return err
+	}
+	publisher, err := publish.New(pubCtx, publish.Config{
+		URL: r.cfg.AMQPURL, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
+		Logger: r.log.Named("publish"),
+	})
+	if err != nil {
+		return fmt.Errorf("connect to RabbitMQ: %w", err)
+	}
+	defer publisher.Close()
+
+	p := &pipeline{
+		r: r, epoch: leader.Epoch(), publisher: publisher,
+		tracker: ordering.New[canal.Position](r.cfg.MaxInflightBytes),
+		lanes:   ordering.NewLanes(r.cfg.Lanes),
+		lastAck: time.Now(),
+	}
+	p.mode.Store("binlog")
+	if err := p.openLanes(); err != nil {
+		return err
+	}
+	laneDone := make(chan error, len(p.queues))
+	for i := range p.queues {
+		go func() { laneDone <- p.runLane(pubCtx, i) }()
+	}
+	ackStop := make(chan struct{})
+	ackDone := make(chan error, 1)
+	go func() { ackDone <- p.acker(pubCtx, ackStop) }()
+
+	readErr := p.read(readCtx, progress)
+	for _, q := range p.queues {
+		close(q)
+	}
+	shuttingDown := ctx.Err() != nil && leader.Err() == nil
+	if !shuttingDown && readErr == nil {
+		readErr = leader.Err()
+	}
+
+	// Drain: on shutdown wait (bounded) for the confirms of everything
+	// published, then acknowledge it. Otherwise stop at once: what is not
+	// acknowledged is published again by the next term.
+	if shuttingDown {
+		r.log.Info("shutting down: waiting for in-flight confirms")
+		waitCtx, cancel := context.WithTimeout(pubCtx, r.cfg.ShutdownTimeout)
+		if err := p.tracker.WaitIdle(waitCtx); err != nil {
+			m, b := p.tracker.Inflight()
+			r.log.Warn("shutdown timeout: unconfirmed messages will be published again on restart",
+				zap.Int("messages", m), zap.Int64("bytes", b))
+		}
+		cancel()
+	} else {
+		cancelPub()
+	}
+	close(ackStop)
+	ackErr := <-ackDone
+	cancelPub()
+	for range p.queues {
+		<-laneDone
+	}
+	if shuttingDown {
+		if ackErr != nil {
+			return ackErr
+		}
+		return nil
+	}
+	if readErr == nil {
+		readErr = ackErr
+	}
+	return readErr
+}
+
+func (p *pipeline) openLanes() error {
+	p.queues = make([]chan *laneItem, p.lanes.N())
+	p.channels = make([]*publish.Channel, p.lanes.N())
+	for i := range p.queues {
+		p.queues[i] = make(chan *laneItem, p.r.cfg.ConfirmWindow)
+		ch, err := p.publisher.NewChannel(p.onResult)
+		if err != nil {
+			return fmt.Errorf("open publishing lane %d: %w", i, err)
+		}
+		p.channels[i] = ch
+	}
+	return nil
+}
+
+func (p *pipeline) onResult(res publish.Result) {
+	tk := res.Tag.(*ticket)
+	if res.Outcome == publish.Confirmed {
+		p.tracker.Done(tk, true, "")
+		return
+	}
+	rec := tk.Record()
+	p.r.log.Warn("message not delivered, recording it in outbox_failed",
+		zap.String("message_id", rec.MessageID.String()), zap.Uint64("id", rec.ID), zap.String("reason", res.Reason))
+	p.tracker.Done(tk, false, res.Reason)
+}
+
+// runLane publishes one lane's messages in order. It returns when its queue is
+// closed and drained, or when ctx ends.
+func (p *pipeline) runLane(ctx context.Context, i int) error {
+	ch := p.channels[i]
+	for item := range p.queues[i] {
+		if err := ch.Publish(ctx, item.msg); err != nil {
+			return fmt.Errorf("lane %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// dispatch hands one row to its lane. A row that cannot become an AMQP
+// message is resolved at once as failed: it goes to outbox_failed and its
+// partition moves on.
+func (p *pipeline) dispatch(ctx context.Context, rec *outbox.Record) error {
+	tk, err := p.tracker.Add(ctx, rec)
+	if err != nil {
+		return err
+	}
+	msg, err := publish.FromRecord(rec, p.r.cfg.DefaultExchange, p.epoch, false)
+	if err != nil {
+		p.r.log.Warn("row cannot be published, recording it in outbox_failed",
+			zap.String("message_id", rec.MessageID.String()), zap.Uint64("id", rec.ID), zap.Error(err))
+		p.tracker.Done(tk, false, err.Error())
+		return nil
+	}
+	msg.Tag = tk
+	msg.Size = rec.Size()
+	select {
+	case p.queues[p.lanes.For(rec.PartitionKey)] <- &laneItem{tk: tk, msg: msg}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// acker acknowledges the low watermark: at once when rows are ready, and
+// now and then when only foreign transactions moved it (so the stored
+// position is not purged from under us). On stop it acknowledges what is
+// ready one last time.
+func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	retry := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		final := false
+		select {
+		case <-p.tracker.Changed():
+		case <-tick.C:
+		case <-stop:
+			final = true
+		case <-ctx.Done():
+			return nil
+		}
+		err := p.flushAck(ctx, final)
+		switch {
+		case err == nil:
+			retry.reset()
+		case errors.Is(err, checkpoint.ErrFenced):
+			return err
+		case final:
+			return fmt.Errorf("final acknowledgement: %w", err)
+		default:
+			d := retry.next()
+			p.r.log.Warn("acknowledgement failed, retrying", zap.Error(err), zap.Duration("in", d))
+			if !sleep(ctx, d) {
+				return nil
+			}
+		}
+		if final {
+			return nil
+		}
+	}
+}
+
+// flushAck takes what the tracker has resolved and acknowledges it, together
+// with anything an earlier failed attempt left. Rows are acknowledged at once;
+// a position-only move waits for CheckpointInterval unless force is set. When
+// it returns nil, everything taken so far is acknowledged or deferred only
+// by that interval.
+func (p *pipeline) flushAck(ctx context.Context, force bool) error {
+	p.ackMu.Lock()
+	defer p.ackMu.Unlock()
+	if b, ok := p.tracker.Take(); ok {
+		p.pendingAck.Merge(b)
+	}
+	b := &p.pendingAck
+	hasRows := len(b.IDs) > 0 || len(b.Failed) > 0
+	if !hasRows && (!b.HasPos || !force && time.Since(p.lastAck) < p.r.cfg.CheckpointInterval) {
+		return nil
+	}
+	ack := checkpoint.Ack{
+		Pos:    checkpoint.Position{Flavor: b.Pos.Flavor, GTIDSet: b.Pos.GTIDSet, File: b.Pos.File, Pos: uint64(b.Pos.Pos)},
+		HasPos: b.HasPos && !b.Pos.IsZero(), Mode: p.mode.Load().(string),
+		IDs: b.IDs, Failed: b.Failed, LastEventAt: b.LastEventAt,
+	}
+	if err := p.r.store.Ack(ctx, p.epoch, ack); err != nil {
+		return err
+	}
+	*b = ordering.Batch[canal.Position]{}
+	p.lastAck = time.Now()
+	return nil
+}
+
+// read delivers what is already pending when needed, then tails the binlog
+// until ctx ends or an error.
+func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error {
+	r := p.r
+	h := &handler{p: p}
+	var from canal.Position
+	if progress.Position.IsZero() || progress.Mode == "poll" {
+		// First start (or the last leader polled): the stored position, if
+		// any, is older than what was delivered. Take the current position,
+		// deliver everything pending, and tail from that position publishing
+		// only rows still pending up to where the sweep ended (design §5).
+		p.mode.Store("poll")
+		gs, err := canal.CurrentPosition(ctx, r.db)
+		if err != nil {
+			return fmt.Errorf("read the server's binlog position: %w", err)
+		}
+		st := progress.Position
+		swept, err := p.sweep(ctx, canal.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)})
+		if err != nil {
+			return err
+		}
+		ge, err := canal.CurrentPosition(ctx, r.db)
+		if err != nil {
+			return fmt.Errorf("read the server's binlog position: %w", err)
+		}
+		r.log.Info("delivered pending rows before tailing the binlog", zap.Int("rows", swept),
+			zap.String("from", gs.String()), zap.String("until", ge.String()))
+		from, h.windowUntil = gs, ge
+		if h.window, err = reached(gs, ge); err != nil {
+			return err
+		}
+		h.window = !h.window
+		if !h.window {
+			p.mode.Store("binlog")
+		}
+	} else {
+		st := progress.Position
+		from = canal.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)}
+		if err := canal.CheckPosition(ctx, r.db, from); err != nil {
+			return err
+		}
+	}
+	tailer, err := canal.New(r.canal)
+	if err != nil {
+		return &ConfigError{err}
+	}
+	r.log.Info("tailing the binlog", zap.String("from", from.String()))
+	r.tailing.Store(true)
+	defer r.tailing.Store(false)
+	err = tailer.Run(ctx, from, h)
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// handler receives the binlog stream.
+type handler struct {
+	p           *pipeline
+	window      bool // between the sweep's start and end positions: publish only rows still pending
+	windowUntil canal.Position
+	buf         []*outbox.Record
+}
+
+func (h *handler) Row(ctx context.Context, rec *outbox.Record) error {
+	if !rec.Due(time.Now()) {
+		// Delayed: left pending in the table, not acknowledged, and it
+		// does not hold back its partition.
+		return nil
+	}
+	if h.window {
+		h.buf = append(h.buf, rec)
+		if len(h.buf) >= 500 {
+			return h.flushWindow(ctx)
+		}
+		return nil
+	}
+	return h.p.dispatch(ctx, rec)
+}
+
+func (h *handler) Commit(ctx context.Context, pos canal.Position, rows int) error {
+	if h.window {
+		if err := h.flushWindow(ctx); err != nil {
+			return err
+		}
+		done, err := reached(pos, h.windowUntil)
+		if err != nil {
+			return err
+		}
+		if done {
+			h.window = false
+			h.p.mode.Store("binlog")
+		}
+	}
+	h.p.tracker.Commit(pos)
+	return nil
+}
+
+// flushWindow publishes those buffered rows that are still pending: the sweep
+// delivered (and removed or marked) the others.
+func (h *handler) flushWindow(ctx context.Context) error {
+	if len(h.buf) == 0 {
+		return nil
+	}
+	p := h.p
+	args := make([]any, len(h.buf))
+	for i, rec := range h.buf {
+		args[i] = rec.ID
+	}
+	q := "SELECT id FROM `" + p.r.cfg.Table + "` WHERE id IN (?" + strings.Repeat(",?", len(args)-1) + ")"
+	if p.r.cfg.OnDelivered == checkpoint.Mark {
+		q += " AND delivered_at IS NULL"
+	}
+	rows, err := p.r.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("check which of %d rows are still pending: %w", len(args), err)
+	}
+	pending := make(map[uint64]bool, len(args))
+	for rows.Next() {
+		var id uint64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return fmt.Errorf("check which rows are still pending: %w", err)
+		}
+		pending[id] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("check which rows are still pending: %w", err)
+	}
+	buf := h.buf
+	h.buf = nil
+	for _, rec := range buf {
+		if pending[rec.ID] {
+			if err := p.dispatch(ctx, rec); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// reached reports whether pos is at or past until.
+func reached(pos, until canal.Position) (bool, error) {
+	if until.GTIDSet == "" && until.File == "" {
+		return true, nil
+	}
+	if until.GTIDSet != "" {
+		if pos.GTIDSet == "" {
+			return false, nil
+		}
+		have, err := gomysql.ParseGTIDSet(pos.Flavor, pos.GTIDSet)
+		if err != nil {
+			return false, fmt.Errorf("parse position %q: %w", pos.GTIDSet, err)
+		}
+		want, err := gomysql.ParseGTIDSet(until.Flavor, until.GTIDSet)
+		if err != nil {
+			return false, fmt.Errorf("parse position %q: %w", until.GTIDSet, err)
+		}
+		return have.Contain(want), nil
+	}
+	if pos.File != until.File {
+		return pos.File > until.File, nil
+	}
+	return pos.Pos >= until.Pos, nil
+}

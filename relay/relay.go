@@ -1,0 +1,193 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/canal"
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+)
+
+// Relay publishes one outbox table's rows to RabbitMQ.
+type Relay struct {
+	cfg   Config
+	log   *zap.Logger
+	db    *sql.DB
+	store *checkpoint.Store
+	canal canal.Config
+
+	tailing atomic.Bool // leading, and reading the binlog past the first-start sweep
+}
+
+// Tailing reports whether the relay leads and is reading the binlog live: any
+// row committed from now on is published from the binlog stream.
+func (r *Relay) Tailing() bool { return r.tailing.Load() }
+
+// New validates cfg and opens the database pool; it does not connect yet.
+func New(cfg Config) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	dsn, _ := mysql.ParseDSN(cfg.MySQLDSN) // Validate parsed it
+	// The relay reads and writes DATETIME(6) values as UTC; a session time
+	// zone makes NOW(6) and the stored values agree whatever the server's is.
+	dsn.ParseTime = true
+	dsn.Loc = time.UTC
+	if dsn.Params == nil {
+		dsn.Params = map[string]string{}
+	}
+	dsn.Params["time_zone"] = "'+00:00'"
+	connector, err := mysql.NewConnector(dsn)
+	if err != nil {
+		return nil, &ConfigError{fmt.Errorf("mysql-dsn: %s", redactErr(err, cfg.MySQLDSN))}
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(8)
+	db.SetConnMaxIdleTime(time.Minute)
+
+	host, portStr, err := net.SplitHostPort(dsn.Addr)
+	if err != nil {
+		host, portStr = dsn.Addr, "3306"
+	}
+	port, _ := strconv.Atoi(portStr)
+	store, err := checkpoint.New(db, checkpoint.Config{
+		RelayName: cfg.RelayName, Table: cfg.Table, OnDelivered: cfg.OnDelivered,
+		Instance: cfg.Instance, HeartbeatInterval: cfg.HeartbeatInterval,
+	})
+	if err != nil {
+		db.Close()
+		return nil, &ConfigError{err}
+	}
+	return &Relay{
+		cfg: cfg, log: cfg.Logger, db: db, store: store,
+		canal: canal.Config{
+			Host: host, Port: port, User: dsn.User, Password: dsn.Passwd,
+			ServerID: cfg.ServerID, Schema: dsn.DBName, Table: cfg.Table, Logger: cfg.Logger.Named("canal"),
+		},
+	}, nil
+}
+
+// Close releases the database pool.
+func (r *Relay) Close() error { return r.db.Close() }
+
+// Run relays until ctx ends (then it shuts down cleanly and returns nil) or a
+// fatal error: a *ConfigError for setup problems retrying cannot fix (binlog
+// settings, grants, purged checkpoint), another error for a runtime failure.
+// Transient trouble — database or broker down, leadership lost — is retried
+// with backoff, resuming from the durable checkpoint.
+func (r *Relay) Run(ctx context.Context) error {
+	if err := r.preflight(ctx); err != nil {
+		return err
+	}
+	backoff := newBackoff(200*time.Millisecond, 10*time.Second)
+	for {
+		leader, err := r.store.Acquire(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, checkpoint.ErrHeld):
+			r.log.Info("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName))
+			if !sleep(ctx, r.cfg.StandbyRetry) {
+				return nil
+			}
+			continue
+		case err != nil:
+			d := backoff.next()
+			r.log.Warn("cannot take leadership, retrying", zap.Error(err), zap.Duration("in", d))
+			if !sleep(ctx, d) {
+				return nil
+			}
+			continue
+		}
+		r.log.Info("leading", zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
+		err = r.lead(ctx, leader)
+		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = leader.Release(releaseCtx)
+		cancel()
+		if ctx.Err() != nil {
+			if err != nil && !errors.Is(err, context.Canceled) {
+				r.log.Warn("shutdown finished with an error", zap.Error(err))
+			}
+			return nil
+		}
+		if isFatal(err) {
+			return err
+		}
+		d := backoff.next()
+		r.log.Warn("relay pipeline stopped, restarting from the checkpoint", zap.Error(err), zap.Duration("in", d))
+		recCtx, cancelRec := context.WithTimeout(ctx, 5*time.Second)
+		_ = r.store.RecordError(recCtx, leader.Epoch(), err.Error())
+		cancelRec()
+		if !sleep(ctx, d) {
+			return nil
+		}
+	}
+}
+
+// preflight checks the server once, before leadership: a server that cannot
+// serve binlog mode is a setup error, reported with the fix.
+func (r *Relay) preflight(ctx context.Context) error {
+	var err error
+	for attempt := 0; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = r.db.PingContext(pctx)
+		cancel()
+		if err == nil || ctx.Err() != nil || attempt == 4 {
+			break
+		}
+		if !sleep(ctx, time.Second) {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("connect to MySQL %s: %w", r.canal.Host, err)
+	}
+	if err := canal.Preflight(ctx, r.db, r.canal); err != nil {
+		return &ConfigError{err}
+	}
+	return nil
+}
+
+func isFatal(err error) bool {
+	var cfgErr *ConfigError
+	var schemaErr *canal.SchemaError
+	var purged *canal.PurgedError
+	return errors.As(err, &cfgErr) || errors.As(err, &schemaErr) || errors.As(err, &purged)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// backoff is jittered exponential backoff; reset it after success.
+type backoff struct{ min, max, cur time.Duration }
+
+func newBackoff(min, max time.Duration) *backoff { return &backoff{min: min, max: max} }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur/2 + rand.N(b.cur/2+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
