@@ -118,4 +118,3 @@ func redactErr(err error, dsn string) string {
 	}
 	return msg
 }
-
