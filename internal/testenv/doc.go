@@ -1,0 +1,23 @@
+// Package testenv is the test harness of outbox-relay: it gives a test real
+// services to run against and removes them afterwards.
+//
+//   - MySQL and StartServer: a fresh database on a private, binlog-enabled
+//     mariadbd (ROW, FULL row image and metadata, GTID strict mode) started from
+//     nothing in about a second, or on an external server named by
+//     OUTBOX_TEST_MYSQL_DSN. Private servers can be killed, restarted, have their
+//     binlogs purged, get a GTID replica and have it promoted.
+//   - RabbitMQ: a private durable topic exchange and queue on the broker at
+//     OUTBOX_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/).
+//   - Proxy: a TCP fault proxy that cuts, refuses or delays connections.
+//
+// When a service is missing the test is skipped, or fails when
+// OUTBOX_REQUIRE_INTEGRATION=1 (see Require); `make test` installs and starts
+// the services first.
+//
+// Every resource is released at t.Cleanup, also when the test fails. The one
+// piece of process state is the shared private mariadbd behind MySQL, started
+// lazily on first use; a package that calls MySQL wraps its tests with Main so
+// that server is stopped when the test binary is done:
+//
+//	func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+package testenv

@@ -1,0 +1,55 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// Environment variables read by the harness.
+const (
+	// EnvRequire set to 1 makes a missing service a test failure instead of a skip.
+	EnvRequire = "OUTBOX_REQUIRE_INTEGRATION"
+	// EnvMySQLDSN names an external binlog-enabled server (go-sql-driver DSN, any
+	// database part is ignored) that MySQL uses instead of the shared private one.
+	EnvMySQLDSN = "OUTBOX_TEST_MYSQL_DSN"
+	// EnvAMQPURL names the RabbitMQ broker; default DefaultAMQPURL.
+	EnvAMQPURL = "OUTBOX_TEST_AMQP_URL"
+)
+
+// DefaultAMQPURL is the broker RabbitMQ uses when EnvAMQPURL is unset.
+const DefaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+const howToRun = "`make test` installs and starts MariaDB and RabbitMQ (scripts/ensure-services.sh)"
+
+// Require reports whether integration tests must fail rather than skip when a
+// service they need is missing (OUTBOX_REQUIRE_INTEGRATION=1).
+func Require() bool { return os.Getenv(EnvRequire) == "1" }
+
+// unavailable ends the test because a service is missing: t.Fatal when Require,
+// t.Skip otherwise; the message says what is missing and how to provide it.
+func unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if Require() {
+		t.Fatalf("testenv: %s (%s=1 forbids skipping)", msg, EnvRequire)
+	}
+	t.Skipf("testenv: %s; skipping (%s; set %s=1 to fail instead)", msg, howToRun, EnvRequire)
+}
+
+// lookBinary finds a program on PATH or in the sbin directories, which are
+// often not on a non-root PATH.
+func lookBinary(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin"} {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin, /usr/local/sbin", name)
+}

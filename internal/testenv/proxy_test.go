@@ -1,0 +1,85 @@
+package testenv_test
+
+import (
+	"database/sql"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// proxiedDB opens a pool to db's server through the proxy.
+func proxiedDB(t *testing.T, db *testenv.DB, p *testenv.FaultProxy) *sql.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Addr = p.Addr()
+	cfg.Timeout = 2 * time.Second
+	pool, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	return pool
+}
+
+func TestProxyCutDisableEnable(t *testing.T) {
+	t.Parallel()
+	db := testenv.MySQL(t)
+	p := testenv.Proxy(t, net.JoinHostPort(db.Host, itoa(db.Port)))
+	pool := proxiedDB(t, db, p)
+
+	conn, err := pool.Conn(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var one int
+	if err := conn.QueryRowContext(ctx(t), "SELECT 1").Scan(&one); err != nil {
+		t.Fatalf("query through proxy: %v", err)
+	}
+
+	p.Cut()
+	if err := conn.QueryRowContext(ctx(t), "SELECT 1").Scan(&one); err == nil {
+		t.Fatal("query on a cut connection succeeded")
+	}
+	if got := scalar(t, pool, "SELECT DATABASE()"); got != db.Name {
+		t.Fatalf("new connection after Cut: database %q", got)
+	}
+
+	p.Disable()
+	if c, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
+		c.Close()
+		t.Fatal("Disable: proxy still accepts connections")
+	}
+	if err := pool.PingContext(ctx(t)); err == nil {
+		t.Fatal("Disable: ping through the proxy succeeded")
+	}
+
+	p.Enable()
+	if got := scalar(t, pool, "SELECT 1"); got != "1" {
+		t.Fatalf("after Enable: %q", got)
+	}
+
+	const latency = 250 * time.Millisecond
+	p.SetLatency(latency)
+	start := time.Now()
+	scalar(t, pool, "SELECT 1")
+	if d := time.Since(start); d < 2*latency {
+		t.Fatalf("query with %v latency each way took only %v", latency, d)
+	}
+	p.SetLatency(0)
+	start = time.Now()
+	scalar(t, pool, "SELECT 1")
+	if d := time.Since(start); d >= latency {
+		t.Fatalf("query after SetLatency(0) took %v", d)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

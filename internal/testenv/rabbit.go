@@ -1,0 +1,146 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+const amqpDialTimeout = 5 * time.Second
+
+// Broker is the test's own durable topic exchange and durable queue, bound
+// with "#" so the queue receives everything published to the exchange.
+type Broker struct {
+	URL      string // AMQP URL of the broker
+	Exchange string // durable topic exchange, deleted at cleanup
+	Queue    string // durable queue bound to Exchange with "#", deleted at cleanup
+}
+
+// RabbitMQ gives the test its own durable topic exchange and durable queue
+// bound with "#", with unique names derived from the test name; both are
+// deleted at cleanup. The broker is OUTBOX_TEST_AMQP_URL or DefaultAMQPURL.
+// When it cannot be reached the test is skipped, or fails under Require.
+func RabbitMQ(t testing.TB) *Broker {
+	t.Helper()
+	url := os.Getenv(EnvAMQPURL)
+	if url == "" {
+		url = DefaultAMQPURL
+	}
+	conn, err := dialAMQP(url)
+	if err != nil {
+		unavailable(t, "RabbitMQ at %s unreachable: %v", redactURL(url), err)
+	}
+	defer conn.Close()
+	b := &Broker{URL: url, Exchange: objectName(t.Name(), "test.", ".", 200)}
+	b.Queue = b.Exchange
+
+	err = withChannel(conn, func(ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(b.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare exchange %s: %w", b.Exchange, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := b.cleanup(func(ch *amqp.Channel) error {
+			_, err := ch.QueueDelete(b.Queue, false, false, false)
+			if err != nil {
+				return fmt.Errorf("delete queue %s: %w", b.Queue, err)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("testenv: %v", err)
+		}
+		if err := b.cleanup(func(ch *amqp.Channel) error {
+			if err := ch.ExchangeDelete(b.Exchange, false, false); err != nil {
+				return fmt.Errorf("delete exchange %s: %w", b.Exchange, err)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("testenv: %v", err)
+		}
+	})
+	if err := withChannel(conn, func(ch *amqp.Channel) error { return declareBoundQueue(ch, b.Queue, b.Exchange, "#") }); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return b
+}
+
+// DeclareQueue declares another durable queue bound to b.Exchange with
+// routingKey (a topic pattern) and returns its name; it is deleted at cleanup.
+func (b *Broker) DeclareQueue(t testing.TB, routingKey string) string {
+	t.Helper()
+	conn, err := dialAMQP(b.URL)
+	if err != nil {
+		t.Fatalf("testenv: connect to RabbitMQ at %s: %v", redactURL(b.URL), err)
+	}
+	defer conn.Close()
+	name := objectName(t.Name()+"."+routingKey, "test.", ".", 200)
+	t.Cleanup(func() {
+		if err := b.cleanup(func(ch *amqp.Channel) error {
+			if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+				return fmt.Errorf("delete queue %s: %w", name, err)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("testenv: %v", err)
+		}
+	})
+	if err := withChannel(conn, func(ch *amqp.Channel) error { return declareBoundQueue(ch, name, b.Exchange, routingKey) }); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return name
+}
+
+func declareBoundQueue(ch *amqp.Channel, queue, exchange, key string) error {
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare queue %s: %w", queue, err)
+	}
+	if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %s to %s with %q: %w", queue, exchange, key, err)
+	}
+	return nil
+}
+
+// cleanup runs f on a connection of its own: the test may have closed or
+// broken every connection it had.
+func (b *Broker) cleanup(f func(*amqp.Channel) error) error {
+	conn, err := dialAMQP(b.URL)
+	if err != nil {
+		return fmt.Errorf("connect to RabbitMQ at %s for cleanup: %w", redactURL(b.URL), err)
+	}
+	defer conn.Close()
+	return withChannel(conn, f)
+}
+
+func dialAMQP(url string) (*amqp.Connection, error) {
+	return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(amqpDialTimeout)})
+}
+
+// withChannel runs f on a new channel. A channel error closes the channel, so
+// each step gets its own.
+func withChannel(conn *amqp.Connection, f func(*amqp.Channel) error) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open AMQP channel: %w", err)
+	}
+	defer ch.Close()
+	return f(ch)
+}
+
+// redactURL hides the password of an AMQP URL for messages.
+func redactURL(raw string) string {
+	u, err := amqp.ParseURI(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if u.Password != "" {
+		u.Password = "xxxxx"
+	}
+	return u.String()
+}
