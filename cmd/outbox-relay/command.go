@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"go.uber.org/zap"
+)
+
+// command is one subcommand. Each lives in its own file, which registers it
+// from an init function:
+//
+//	func init() { register(&command{name: "run", summary: "...", setup: setupRun}) }
+//
+// Adding a command touches nothing else: dispatch, help, the environment and
+// config-file layer and the common flags come with register.
+type command struct {
+	name    string
+	summary string // one line for `outbox-relay help`
+	usage   string // what follows the name in the synopsis; "" means "[flags]"
+	help    string // optional paragraph(s) for `outbox-relay <name> --help`
+	// setup declares the command's flags on fs and returns the function that
+	// runs the command. It is called once per invocation (and once more to
+	// learn the flag names valid in a config file), so it must only declare
+	// flags, not act.
+	setup func(fs *flag.FlagSet) runFunc
+}
+
+// runFunc runs a command once its flags are resolved. An error wrapped by
+// usagef exits with 2, any other with 1.
+type runFunc func(ctx context.Context, inv *invocation) error
+
+// invocation is what a running command gets.
+type invocation struct {
+	args   []string // positional arguments after the flags
+	stdout io.Writer
+	stderr io.Writer
+	log    *zap.Logger
+}
+
+// commands is the registry, filled by register from init functions and only
+// read afterwards. It is the package's one piece of package-level state, and
+// it exists so that a new subcommand is one new file.
+var commands = map[string]*command{}
+
+// register adds c to the registry; duplicate names are a programming error.
+func register(c *command) {
+	if _, dup := commands[c.name]; dup {
+		panic("outbox-relay: command " + c.name + " registered twice")
+	}
+	commands[c.name] = c
+}
+
+// commonFlags are declared on every command.
+type commonFlags struct {
+	config    string
+	logFormat string
+	logLevel  string
+}
+
+func declareCommon(fs *flag.FlagSet, c *commonFlags) {
+	fs.StringVar(&c.config, "config", "", "YAML `file` of flag values (keys are flag names)")
+	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or console")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+// dispatch runs the command args name. secrets receives the passwords found
+// in DSN and URL flags, for the caller to mask in the final error.
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool), secrets *[]string) error {
+	if len(args) == 0 {
+		printMainUsage(stderr)
+		return usagef("no command given; run 'outbox-relay help' for the list")
+	}
+	name := args[0]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			c, ok := commands[args[1]]
+			if !ok {
+				return usagef("unknown command %q; run 'outbox-relay help' for the list", args[1])
+			}
+			fs, _, _ := newFlagSet(c)
+			printUsage(stdout, c, fs)
+			return nil
+		}
+		printMainUsage(stdout)
+		return nil
+	}
+	c, ok := commands[name]
+	if !ok {
+		return usagef("unknown command %q; run 'outbox-relay help' for the list", name)
+	}
+
+	fs, common, runner := newFlagSet(c)
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, c, fs)
+			return nil
+		}
+		return usagef("%s: %v; run 'outbox-relay %s --help'", name, err, name)
+	}
+	if err := resolve(fs, lookupEnv, knownKeys()); err != nil {
+		return err
+	}
+	*secrets = passwords(fs)
+
+	log, err := newLogger(common.logFormat, common.logLevel, stderr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	return runner(ctx, &invocation{args: fs.Args(), stdout: stdout, stderr: stderr, log: log.With(zap.String("command", name))})
+}
+
+// newFlagSet builds c's flag set with the common flags.
+func newFlagSet(c *command) (*flag.FlagSet, *commonFlags, runFunc) {
+	fs := flag.NewFlagSet("outbox-relay "+c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported by dispatch, in one line
+	var common commonFlags
+	declareCommon(fs, &common)
+	runner := c.setup(fs)
+	return fs, &common, runner
+}
+
+// knownKeys returns every flag name of every command: the keys a config
+// file may use.
+func knownKeys() map[string]bool {
+	keys := map[string]bool{}
+	for _, c := range commands {
+		fs, _, _ := newFlagSet(c)
+		fs.VisitAll(func(f *flag.Flag) { keys[f.Name] = true })
+	}
+	return keys
+}
+
+// noArgs is for commands that take no positional arguments.
+func noArgs(inv *invocation, name string) error {
+	if len(inv.args) > 0 {
+		return usagef("%s takes no arguments, got %q; flags go before arguments, e.g. --table=x", name, inv.args[0])
+	}
+	return nil
+}
+
+func printMainUsage(w io.Writer) {
+	fmt.Fprintln(w, "Usage: outbox-relay <command> [flags]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Relays rows of a MySQL/MariaDB outbox table to RabbitMQ.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Commands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-12s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Run 'outbox-relay <command> --help' for its flags. Every flag may also be set")
+	fmt.Fprintln(w, "with OUTBOX_RELAY_<FLAG> (e.g. OUTBOX_RELAY_MYSQL_DSN) or in the --config YAML")
+	fmt.Fprintln(w, "file; flags win over the environment, the environment over the file.")
+}
+
+// printUsage prints a command's help, with each flag's environment variable.
+func printUsage(w io.Writer, c *command, fs *flag.FlagSet) {
+	usage := c.usage
+	if usage == "" {
+		usage = "[flags]"
+	}
+	fmt.Fprintf(w, "Usage: outbox-relay %s %s\n\n%s\n", c.name, usage, c.summary)
+	if c.help != "" {
+		fmt.Fprintf(w, "\n%s\n", strings.TrimSpace(c.help))
+	}
+	fmt.Fprintln(w, "\nFlags:")
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, text := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if typ != "" {
+			line += " " + typ
+		}
+		fmt.Fprintf(w, "%s    (env %s)\n        %s", line, envName(f.Name), text)
+		if f.DefValue != "" && f.DefValue != "false" {
+			fmt.Fprintf(w, " (default %q)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}

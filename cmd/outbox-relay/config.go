@@ -1,0 +1,133 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// envPrefix starts every environment variable that sets a flag.
+const envPrefix = "OUTBOX_RELAY_"
+
+// envName returns the environment variable of a flag: --mysql-dsn is
+// OUTBOX_RELAY_MYSQL_DSN.
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// resolve completes a parsed flag set. Every flag not given on the command
+// line is taken from its environment variable if that is set and non-empty,
+// else from the config file (--config, or OUTBOX_RELAY_CONFIG), else it keeps
+// its default. known is the set of keys a config file may use (the flags of
+// all commands); keys of other commands are ignored, unknown keys refused.
+// Every failure is a usage error naming the variable or key.
+func resolve(fs *flag.FlagSet, lookupEnv func(string) (string, bool), known map[string]bool) error {
+	fromCLI := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { fromCLI[f.Name] = true })
+
+	fromEnv := map[string]bool{}
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || fromCLI[f.Name] {
+			return
+		}
+		v, ok := lookupEnv(envName(f.Name))
+		if !ok || v == "" {
+			return
+		}
+		if e := fs.Set(f.Name, v); e != nil {
+			err = usagef("environment %s=%q: %v", envName(f.Name), displayValue(f.Name, v), unwrapFlagErr(e))
+			return
+		}
+		fromEnv[f.Name] = true
+	})
+	if err != nil {
+		return err
+	}
+
+	cfg := fs.Lookup("config")
+	if cfg == nil || cfg.Value.String() == "" {
+		return nil
+	}
+	path := cfg.Value.String()
+	values, err := loadConfigFile(path, known)
+	if err != nil {
+		return err
+	}
+	for _, kv := range values {
+		f := fs.Lookup(kv.key)
+		if f == nil || fromCLI[kv.key] || fromEnv[kv.key] {
+			continue // another command's key, or overridden
+		}
+		if e := fs.Set(kv.key, kv.value); e != nil {
+			return usagef("config file %s: %s: %q: %v", path, kv.key, displayValue(kv.key, kv.value), unwrapFlagErr(e))
+		}
+	}
+	return nil
+}
+
+// unwrapFlagErr drops the flag package's wrapping ("parse error") where it
+// only repeats what the caller says.
+func unwrapFlagErr(err error) error {
+	if u := errors.Unwrap(err); u != nil {
+		return u
+	}
+	return err
+}
+
+// keyValue is one entry of a config file, in file order.
+type keyValue struct{ key, value string }
+
+// loadConfigFile reads a YAML mapping of flag names to scalar values.
+func loadConfigFile(path string, known map[string]bool) ([]keyValue, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, usagef("config file: %v; fix --config or %sCONFIG", err, envPrefix)
+	}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil // an empty file sets nothing
+		}
+		return nil, usagef("config file %s: %v", path, err)
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return nil, nil // only comments
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, usagef("config file %s: want a mapping of flag names to values, e.g. \"mysql-dsn: user:pass@tcp(host:3306)/db\"", path)
+	}
+	seen := map[string]bool{}
+	var out []keyValue
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		key := k.Value
+		switch {
+		case key == "config":
+			return nil, usagef("config file %s:%d: key \"config\" cannot be set in a config file", path, k.Line)
+		case !known[key]:
+			return nil, usagef("config file %s:%d: unknown key %q; keys are flag names such as mysql-dsn (see 'outbox-relay help <command>')", path, k.Line, key)
+		case seen[key]:
+			return nil, usagef("config file %s:%d: key %q given twice", path, k.Line, key)
+		case v.Kind != yaml.ScalarNode:
+			return nil, usagef("config file %s:%d: key %q: want a single value, not a list or mapping", path, v.Line, key)
+		case v.Tag == "!!null":
+			return nil, usagef("config file %s:%d: key %q has no value; remove it or give one", path, v.Line, key)
+		}
+		seen[key] = true
+		// The scalar's text as written: "5s", "true" and "0x10" reach the
+		// flag parser unchanged.
+		out = append(out, keyValue{key, v.Value})
+	}
+	return out, nil
+}

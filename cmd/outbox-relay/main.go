@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// Exit codes (design §7).
+const (
+	exitOK      = 0
+	exitFailure = 1 // runtime failure
+	exitUsage   = 2 // bad usage or configuration
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
+	stop()
+	os.Exit(code)
+}
+
+// usageError marks an error as bad usage or configuration: exit code 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// usagef returns a usage error (exit code 2). The message should name what
+// to fix.
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Errorf(format, args...)}
+}
+
+// run is main without the process: it dispatches args to a command and
+// returns the exit code. Errors are printed as one line on stderr, with the
+// passwords of every DSN and URL flag masked.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) int {
+	var secrets []string
+	err := dispatch(ctx, args, stdout, stderr, lookupEnv, &secrets)
+	if err == nil {
+		return exitOK
+	}
+	msg := scrub(err.Error(), secrets)
+	fmt.Fprintf(stderr, "outbox-relay: %s\n", strings.ReplaceAll(msg, "\n", " "))
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return exitUsage
+	}
+	return exitFailure
+}

@@ -1,0 +1,10 @@
+package main
+
+import (
+	"os"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }

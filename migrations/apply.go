@@ -1,0 +1,320 @@
+package migrations
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"embed"
+	"fmt"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+//go:embed sql/*.sql
+var sqlFiles embed.FS
+
+const (
+	// lockName serialises concurrent Apply calls on one server.
+	lockName = "outbox-relay:migrate"
+	// lockWaitSeconds is how long Apply waits for another Apply to finish.
+	lockWaitSeconds = 30
+	// PartitionDays is how many daily partitions a partitioned outbox table
+	// starts with: the day of Apply (UTC) and the following days. Later days
+	// land in pmax until partition maintenance splits them out.
+	PartitionDays = 7
+)
+
+// Options selects what Apply creates.
+type Options struct {
+	// Table is the outbox table's name; "" means outbox.DefaultTable.
+	Table string
+	// Partitioned creates the outbox table range-partitioned by day on
+	// created_at. It applies only when the table is created: an existing
+	// unpartitioned table is refused, not converted.
+	Partitioned bool
+}
+
+// migration is one version: a SQL file run as a whole.
+type migration struct {
+	version string   // as recorded in outbox_relay_migrations
+	file    string   // under sql/, a text/template
+	tables  []string // tables it creates; if one is gone it runs again
+}
+
+// plan returns the migrations for opts in the order they run.
+func plan(table string, partitionedTable bool) []migration {
+	outboxFile := "0001_outbox.sql"
+	if partitionedTable {
+		outboxFile = "0001_outbox_partitioned.sql"
+	}
+	return []migration{
+		{"0001_relay_tables", "0001_relay_tables.sql", []string{ProgressTable, FailedTable, DedupTable}},
+		{"0001_outbox:" + table, outboxFile, []string{table}},
+	}
+}
+
+// Apply brings the schema of db's current database (the DSN's) up to date
+// for opts and returns the versions it applied, in order; none when the
+// schema was already complete.
+//
+// Contract:
+//   - It holds GET_LOCK('outbox-relay:migrate', 30) on one connection for
+//     the whole run, so concurrent calls serialise (the second finds nothing
+//     to do). Waiting longer than 30 s is an error.
+//   - Existing tables are checked first: a missing or differently typed
+//     column fails with a *SchemaError (errors.Is ErrSchemaMismatch) before
+//     anything is created. Extra columns and indexes are fine.
+//   - A version runs when it is not recorded, or when a table it creates no
+//     longer exists. Tables are only ever created (CREATE TABLE IF NOT
+//     EXISTS), never altered destructively or dropped.
+//   - DDL is not transactional: if Apply fails half way, the created tables
+//     stay and the next Apply finishes the work.
+func Apply(ctx context.Context, db *sql.DB, opts Options) (applied []string, err error) {
+	table := opts.Table
+	if table == "" {
+		table = outbox.DefaultTable
+	}
+	quoted, err := outbox.QuoteTable(table)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: connect: %w", err)
+	}
+	defer conn.Close()
+
+	if err := lock(ctx, conn); err != nil {
+		return nil, err
+	}
+	defer unlock(ctx, conn)
+
+	var schema sql.NullString
+	if err := conn.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&schema); err != nil {
+		return nil, fmt.Errorf("migrate: read current database: %w", err)
+	}
+	if !schema.Valid || schema.String == "" {
+		return nil, fmt.Errorf("migrate: no database selected: name one in the DSN (user:pass@tcp(host:port)/dbname)")
+	}
+
+	// Existing tables must have the right shape before we add anything.
+	if err := check(ctx, conn, schema.String, table, opts.Partitioned); err != nil {
+		return nil, err
+	}
+
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
+		version    VARCHAR(255) NOT NULL,
+		applied_at DATETIME(6)  NOT NULL,
+		PRIMARY KEY (version)
+	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`); err != nil {
+		return nil, fmt.Errorf("migrate: create %s: %w", MigrationsTable, err)
+	}
+	done, err := recorded(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+
+	isPartitioned := opts.Partitioned
+	if existing, err := readColumns(ctx, conn, schema.String, []string{table}); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	} else if existing[table] != nil {
+		// The table is kept as it is; plan with its actual layout so the
+		// recorded version describes it.
+		if isPartitioned, err = partitioned(ctx, conn, schema.String, table); err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+	}
+	data := templateData{Table: quoted, Partitions: dailyPartitions(time.Now(), PartitionDays)}
+	for _, m := range plan(table, isPartitioned) {
+		need := !done[m.version]
+		if !need {
+			present, err := readColumns(ctx, conn, schema.String, m.tables)
+			if err != nil {
+				return applied, fmt.Errorf("migrate: %w", err)
+			}
+			need = len(present) < len(m.tables)
+		}
+		if !need {
+			continue
+		}
+		if err := run(ctx, conn, m, data); err != nil {
+			return applied, err
+		}
+		applied = append(applied, m.version)
+	}
+
+	// Verify what we created too: it catches a server that silently
+	// substituted a type (e.g. a JSON column on a server without JSON).
+	if err := check(ctx, conn, schema.String, table, opts.Partitioned); err != nil {
+		return applied, err
+	}
+	return applied, nil
+}
+
+// check compares every existing table with its expected shape and, when a
+// partitioned outbox table is asked for, refuses an unpartitioned one.
+func check(ctx context.Context, conn *sql.Conn, schema, table string, wantPartitioned bool) error {
+	want := shapes(table)
+	names := make([]string, len(want))
+	for i, s := range want {
+		names[i] = s.table
+	}
+	found, err := readColumns(ctx, conn, schema, names)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	for _, s := range want {
+		if got := found[s.table]; got != nil {
+			if err := checkColumns(s.role, s.table, s.columns, got); err != nil {
+				return err
+			}
+		}
+	}
+	if wantPartitioned && found[table] != nil {
+		p, err := partitioned(ctx, conn, schema, table)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		if !p {
+			return &SchemaError{Role: "outbox table", Table: table, Got: "not partitioned", Want: "partitioned by day on created_at",
+				Hint: "migrate does not convert an existing table; repartition it yourself (ALTER TABLE ... PARTITION BY RANGE COLUMNS(created_at) ..., with PRIMARY KEY (id, created_at)) or migrate without --partitioned"}
+		}
+	}
+	return nil
+}
+
+// recorded returns the versions already applied.
+func recorded(ctx context.Context, conn *sql.Conn) (map[string]bool, error) {
+	rows, err := conn.QueryContext(ctx, "SELECT version FROM "+MigrationsTable)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	defer rows.Close()
+	done := make(map[string]bool)
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+		}
+		done[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	return done, nil
+}
+
+// templateData fills the SQL templates.
+type templateData struct {
+	Table      string // the outbox table, quoted
+	Partitions string // partition definitions for the partitioned variant
+}
+
+// run executes one migration's statements and records its version.
+func run(ctx context.Context, conn *sql.Conn, m migration, data templateData) error {
+	stmts, err := render(m.file, data)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", m.version, err)
+	}
+	for _, stmt := range stmts {
+		if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("migrate %s: %s: %w", m.version, firstLine(stmt), err)
+		}
+	}
+	if _, err := conn.ExecContext(ctx, `INSERT INTO `+MigrationsTable+` (version, applied_at)
+		VALUES (?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE applied_at = UTC_TIMESTAMP(6)`, m.version); err != nil {
+		return fmt.Errorf("migrate %s: record version: %w", m.version, err)
+	}
+	return nil
+}
+
+// render executes the template sql/<file> and splits it into statements.
+// Statements end with a semicolon at the end of a line; comment-only chunks
+// are dropped.
+func render(file string, data templateData) ([]string, error) {
+	src, err := sqlFiles.ReadFile("sql/" + file)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", file, err)
+	}
+	tmpl, err := template.New(file).Option("missingkey=error").Parse(string(src))
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", file, err)
+	}
+	var buf bytes.Buffer
+	if err := tmpl.Execute(&buf, data); err != nil {
+		return nil, fmt.Errorf("render %s: %w", file, err)
+	}
+	var stmts []string
+	for _, chunk := range strings.Split(buf.String(), ";\n") {
+		if s := stripComments(chunk); s != "" {
+			stmts = append(stmts, s)
+		}
+	}
+	return stmts, nil
+}
+
+// stripComments drops whole-line "--" comments and surrounding space.
+func stripComments(chunk string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(chunk, "\n") {
+		if t := strings.TrimSpace(line); t == "" || strings.HasPrefix(t, "--") {
+			continue
+		}
+		b.WriteString(line)
+		b.WriteByte('\n')
+	}
+	return strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(b.String()), ";"))
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return strings.TrimSpace(s[:i])
+	}
+	return s
+}
+
+// dailyPartitions returns the partition list for a table partitioned by
+// RANGE COLUMNS(created_at): one partition per UTC day from now's day on,
+// named pYYYYMMDD and holding that day (the first also holds anything
+// older), then pmax for everything later.
+func dailyPartitions(now time.Time, days int) string {
+	day := now.UTC().Truncate(24 * time.Hour)
+	var b strings.Builder
+	for i := 0; i < days; i++ {
+		d := day.AddDate(0, 0, i)
+		fmt.Fprintf(&b, "    PARTITION p%s VALUES LESS THAN ('%s'),\n",
+			d.Format("20060102"), d.AddDate(0, 0, 1).Format("2006-01-02 15:04:05"))
+	}
+	b.WriteString("    PARTITION pmax VALUES LESS THAN (MAXVALUE)")
+	return b.String()
+}
+
+// lock takes the migrate lock on conn.
+func lock(ctx context.Context, conn *sql.Conn) error {
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lockName, lockWaitSeconds).Scan(&got); err != nil {
+		return fmt.Errorf("migrate: take lock %q: %w", lockName, err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return fmt.Errorf("migrate: lock %q still held by another migrate after %d s; try again when it has finished", lockName, lockWaitSeconds)
+	}
+	return nil
+}
+
+// unlock releases the migrate lock, even when ctx is done. If that fails the
+// connection is discarded instead of going back to the pool, which ends the
+// session and with it the lock.
+func unlock(ctx context.Context, conn *sql.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", lockName); err != nil {
+		// Make the pool drop this connection (and with it the lock)
+		// instead of handing it out again.
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+}

@@ -1,0 +1,22 @@
+// Package migrations creates and checks outbox-relay's schema (design §2).
+//
+// The SQL lives in embedded files (sql/*.sql). [Apply] runs the versions a
+// database is missing and records each in the table outbox_relay_migrations;
+// it never drops or rewrites anything, so running it again is a no-op. Before
+// and after applying, it compares every existing table's columns with the
+// expected ones and refuses a table whose shape differs with a
+// [*SchemaError] naming the table and column. Extra columns are allowed.
+//
+// Versions are "0001_relay_tables" for the tables shared by all outbox
+// tables (outbox_relay_progress, outbox_failed, message_deduplication) and
+// "0001_outbox:<table>" for each outbox table, so one database can hold
+// several outbox tables (the relay's --table).
+//
+// The DDL is limited to what both MySQL 8.0+ and MariaDB 10.6+ accept: CREATE
+// TABLE IF NOT EXISTS, and no IF NOT EXISTS on columns or indexes. A later
+// version that alters a table relies on the version record, not on IF NOT
+// EXISTS, to run exactly once.
+//
+// Concurrent Apply calls (two `outbox-relay migrate` at once) serialise on
+// GET_LOCK('outbox-relay:migrate').
+package migrations

@@ -1,0 +1,46 @@
+package migrations
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNormType(t *testing.T) {
+	for in, want := range map[string]string{
+		"bigint(20) unsigned": "bigint unsigned", "BIGINT UNSIGNED": "bigint unsigned",
+		"int(10) unsigned": "int unsigned", "bigint(20)": "bigint", "varchar(255)": "varchar(255)",
+		"datetime(6)": "datetime(6)", "binary(16)": "binary(16)",
+	} {
+		if got := normType(in); got != want {
+			t.Errorf("normType(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestRender(t *testing.T) {
+	data := templateData{Table: "`t`", Partitions: dailyPartitions(time.Date(2026, 2, 27, 23, 59, 0, 0, time.UTC), 3)}
+	for _, p := range []bool{false, true} {
+		for _, m := range plan("t", p) {
+			stmts, err := render(m.file, data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range stmts {
+				if !strings.HasPrefix(s, "CREATE TABLE IF NOT EXISTS ") || strings.Contains(s, "{{") || strings.Contains(s, "--") {
+					t.Errorf("%s: bad statement:\n%s", m.file, s)
+				}
+			}
+			if want := len(m.tables); len(stmts) != want {
+				t.Errorf("%s: %d statements, want %d", m.file, len(stmts), want)
+			}
+		}
+	}
+	want := "    PARTITION p20260227 VALUES LESS THAN ('2026-02-28 00:00:00'),\n" +
+		"    PARTITION p20260228 VALUES LESS THAN ('2026-03-01 00:00:00'),\n" +
+		"    PARTITION p20260301 VALUES LESS THAN ('2026-03-02 00:00:00'),\n" +
+		"    PARTITION pmax VALUES LESS THAN (MAXVALUE)"
+	if data.Partitions != want {
+		t.Fatalf("partitions:\n%s\nwant\n%s", data.Partitions, want)
+	}
+}
