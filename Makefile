@@ -3,6 +3,7 @@
 #   make build       the binary, bin/outbox-relay
 #   make test        installs/starts MariaDB and RabbitMQ if needed, then all tests
 #   make lint        gofmt (must list nothing) and go vet
+#   make demo        the relay end to end: private MariaDB, RabbitMQ, producer, consumer
 #   make tidy-check  go.mod and go.sum are tidy (does not change them)
 
 GO        ?= go
@@ -11,7 +12,7 @@ GO        ?= go
 TEST_P    ?= 2
 TEST_FLAGS ?= -count=1 -timeout 12m -p $(TEST_P)
 
-.PHONY: build test lint tidy-check
+.PHONY: build test lint tidy-check demo
 
 build:
 	$(GO) build -o bin/outbox-relay ./cmd/outbox-relay
@@ -19,6 +20,9 @@ build:
 test:
 	scripts/ensure-services.sh
 	$(GO) test $(TEST_FLAGS) ./...
+
+demo:
+	scripts/demo.sh
 
 lint:
 	@unformatted="$$(gofmt -l .)"; \

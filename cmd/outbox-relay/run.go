@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+func init() {
+	register(&command{
+		name:    "run",
+		summary: "relay outbox rows to RabbitMQ by tailing the binlog",
+		help: `Takes leadership of --relay-name (other instances wait as standbys), checks the
+server (binlog on, ROW format, FULL row image and metadata, replication grants,
+unique --server-id), delivers the rows already pending, then tails the binlog
+and publishes every committed outbox row with publisher confirms, in commit
+order per partition key. The acknowledged position is stored in
+outbox_relay_progress in the same database. SIGTERM or Ctrl-C: stop reading,
+wait for in-flight confirms (--shutdown-timeout), acknowledge, exit 0.
+A server that cannot serve binlog mode exits with code 2 and names the fix.`,
+		setup: setupRun,
+	})
+}
+
+func setupRun(fs *flag.FlagSet) runFunc {
+	var cfg relay.Config
+	maxInflight := byteSize(64 << 20)
+	var serverID uint
+	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT")
+	fs.StringVar(&cfg.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ `url`")
+	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
+	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name`: one leader per name, one progress row per name")
+	fs.UintVar(&serverID, "server-id", 0, "replica server `id` the relay reads the binlog as; unique among the server's replicas (0 = derived from --relay-name)")
+	fs.StringVar(&cfg.DefaultExchange, "default-exchange", "", "`exchange` for rows whose exchange column is empty")
+	fs.StringVar(&cfg.OnDelivered, "on-delivered", "delete", "what happens to a delivered row: delete or mark (sets delivered_at)")
+	fs.Var(&maxInflight, "max-inflight-bytes", "`bytes` of messages read but not yet confirmed (e.g. 64MiB); when full, reading stops")
+	fs.IntVar(&cfg.Lanes, "lanes", 16, "publishing lanes (AMQP channels); rows of one partition key share a lane")
+	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", 256, "unconfirmed messages per lane")
+	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 5, "broker nacks before a message goes to outbox_failed")
+	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", 30*time.Second, "how often an idle relay moves its stored position past other tables' transactions")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 2*time.Second, "leadership heartbeat")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown waits for in-flight confirms")
+	return func(ctx context.Context, inv *invocation) error {
+		if err := noArgs(inv, "run"); err != nil {
+			return err
+		}
+		if serverID > 1<<32-1 {
+			return usagef("--server-id %d: at most %d", serverID, uint32(1<<32-1))
+		}
+		cfg.ServerID = uint32(serverID)
+		cfg.MaxInflightBytes = int64(maxInflight)
+		cfg.Logger = inv.log
+		// go-sql-driver logs dropped connections on its own to stderr; keep
+		// its lines in our log, at debug: the relay reports what matters.
+		_ = mysql.SetLogger(driverLog{inv.log.Named("mysql-driver")})
+		r, err := relay.New(cfg)
+		if err != nil {
+			return asUsage(err)
+		}
+		defer r.Close()
+		inv.log.Info("starting", zap.String("relay", cfg.RelayName), zap.String("table", cfg.Table),
+			zap.String("mysql", redactDSN(cfg.MySQLDSN)), zap.String("amqp", redactURL(cfg.AMQPURL)))
+		if err := r.Run(ctx); err != nil {
+			return asUsage(err)
+		}
+		inv.log.Info("stopped")
+		return nil
+	}
+}
+
+type driverLog struct{ log *zap.Logger }
+
+func (d driverLog) Print(v ...any) { d.log.Debug(strings.TrimSpace(fmt.Sprint(v...))) }
+
+// asUsage turns the relay's configuration errors into exit code 2.
+func asUsage(err error) error {
+	var ce *relay.ConfigError
+	if errors.As(err, &ce) {
+		return &usageError{err}
+	}
+	return err
+}
+
+// byteSize is a flag value in bytes with an optional binary unit:
+// 1048576, 512KiB, 64MiB, 1GiB (KB/MB/GB are read as the same powers of 1024).
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+func (b *byteSize) Set(s string) error {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}}
+	num, mult := strings.TrimSpace(s), int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(num, u.suffix) {
+			num, mult = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("%q is not a size: use bytes or a number with KiB, MiB or GiB", s)
+	}
+	*b = byteSize(n * mult)
+	return nil
+}
