@@ -4,6 +4,7 @@
 #   make test        installs/starts MariaDB and RabbitMQ if needed, then all tests
 #   make lint        gofmt (must list nothing) and go vet
 #   make demo        the relay end to end: private MariaDB, RabbitMQ, producer, consumer
+#   make bench       outbox-relay bench on a private binlog-enabled MariaDB (BENCH_FLAGS=...)
 #   make tidy-check  go.mod and go.sum are tidy (does not change them)
 
 GO        ?= go
@@ -12,7 +13,7 @@ GO        ?= go
 TEST_P    ?= 2
 TEST_FLAGS ?= -count=1 -timeout 12m -p $(TEST_P)
 
-.PHONY: build test lint tidy-check demo
+.PHONY: build test lint tidy-check demo bench
 
 build:
 	$(GO) build -o bin/outbox-relay ./cmd/outbox-relay
@@ -23,6 +24,9 @@ test:
 
 demo:
 	scripts/demo.sh
+
+bench:
+	scripts/bench.sh $(BENCH_FLAGS)
 
 lint:
 	@unformatted="$$(gofmt -l .)"; \

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/bench"
+)
+
+func init() {
+	register(&command{
+		name:    "bench",
+		summary: "measure latency, catch-up throughput, idle cost and resources of the relay",
+		help: `Runs the relay (this binary, as a subprocess) against --mysql-dsn, which must be a
+binlog-enabled server whose database bench may empty, and --amqp-url, and prints
+one table: commit → receive latency at --rate for --duration, catch-up msg/s on a
+--backlog of --payload-bytes messages and its ratio to a bare amqp091 publisher
+with the same confirm window to the same queue, database queries per second
+while idle, relay CPU seconds and peak RSS. Each figure is the median of --runs
+runs with min and max. 'make bench' starts a private binlog-enabled MariaDB for it.`,
+		setup: setupBench,
+	})
+}
+
+func setupBench(fs *flag.FlagSet) runFunc {
+	cfg := bench.Config{}
+	var asJSON bool
+	var modes string
+	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3308)/bench", "binlog-enabled MySQL/MariaDB `dsn`; its outbox is emptied")
+	fs.StringVar(&cfg.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ `url`")
+	fs.StringVar(&modes, "modes", "binlog", "comma-separated relay modes to measure")
+	fs.Float64Var(&cfg.Rate, "rate", 500, "messages per second in the latency phase")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase")
+	fs.IntVar(&cfg.Backlog, "backlog", 200_000, "messages in the catch-up backlog")
+	fs.IntVar(&cfg.PayloadBytes, "payload-bytes", 256, "payload size")
+	fs.IntVar(&cfg.Runs, "runs", 3, "runs; each figure is their median")
+	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", 256, "confirm window of each relay lane and of the bare publisher")
+	fs.BoolVar(&asJSON, "json", false, "print JSON instead of the table")
+	return func(ctx context.Context, inv *invocation) error {
+		if err := noArgs(inv, "bench"); err != nil {
+			return err
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find this executable to run the relay: %w", err)
+		}
+		cfg.RelayBinary = exe
+		cfg.Modes = strings.Split(modes, ",")
+		cfg.Progress = inv.stderr
+		res, err := bench.Run(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			enc := json.NewEncoder(inv.stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(res)
+		}
+		res.Table(inv.stdout)
+		return nil
+	}
+}

@@ -1,0 +1,151 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// consumer receives from the bench queue and counts distinct message ids
+// against the number a phase expects, with commit → receive latencies for
+// the messages whose commit time was recorded.
+type consumer struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+	done chan struct{}
+
+	mu      sync.Mutex
+	want    int
+	got     map[string]bool
+	commits map[string]time.Time
+	lats    []time.Duration
+	changed chan struct{}
+}
+
+func newConsumer(url string) (*consumer, error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return nil, fmt.Errorf("bench: connect to RabbitMQ: %w", err)
+	}
+	c := &consumer{conn: conn, done: make(chan struct{}), changed: make(chan struct{}, 1)}
+	if err := c.setup(); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *consumer) setup() error {
+	ch, err := c.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("bench: open channel: %w", err)
+	}
+	c.ch = ch
+	if err := ch.ExchangeDeclare(exchangeName, "topic", true, false, false, false, nil); err != nil {
+		return fmt.Errorf("bench: declare exchange %s: %w", exchangeName, err)
+	}
+	if _, err := ch.QueueDeclare(queueName, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("bench: declare queue %s: %w", queueName, err)
+	}
+	if err := ch.QueueBind(queueName, "#", exchangeName, false, nil); err != nil {
+		return fmt.Errorf("bench: bind queue %s: %w", queueName, err)
+	}
+	if _, err := ch.QueuePurge(queueName, false); err != nil {
+		return fmt.Errorf("bench: purge queue %s: %w", queueName, err)
+	}
+	deliveries, err := ch.Consume(queueName, "", true, true, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("bench: consume %s: %w", queueName, err)
+	}
+	go func() {
+		defer close(c.done)
+		for d := range deliveries {
+			c.received(d.MessageId, time.Now())
+		}
+	}()
+	return nil
+}
+
+func (c *consumer) close() {
+	c.conn.Close()
+	<-c.done
+}
+
+func (c *consumer) purge() error {
+	if _, err := c.ch.QueuePurge(queueName, false); err != nil {
+		return fmt.Errorf("bench: purge queue: %w", err)
+	}
+	return nil
+}
+
+// expect starts a phase that waits for n distinct messages.
+func (c *consumer) expect(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.want, c.got, c.commits, c.lats = n, map[string]bool{}, map[string]time.Time{}, nil
+}
+
+// sent records when a message's commit started.
+func (c *consumer) sent(id string, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.commits[id] = at
+}
+
+func (c *consumer) received(id string, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.got == nil || c.got[id] {
+		return
+	}
+	c.got[id] = true
+	if t, ok := c.commits[id]; ok {
+		c.lats = append(c.lats, at.Sub(t))
+	}
+	select {
+	case c.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (c *consumer) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.got)
+}
+
+// wait blocks until the phase's messages have all arrived.
+func (c *consumer) wait(ctx context.Context, timeout time.Duration, progress func(int)) error {
+	deadline := time.After(timeout)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		n := c.count()
+		c.mu.Lock()
+		want := c.want
+		c.mu.Unlock()
+		if progress != nil {
+			progress(n)
+		}
+		if n >= want {
+			return nil
+		}
+		select {
+		case <-c.changed:
+		case <-tick.C:
+		case <-deadline:
+			return fmt.Errorf("%d of %d messages arrived within %s", n, want, timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (c *consumer) latencies() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.lats...)
+}

@@ -1,0 +1,45 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+)
+
+// Table prints the result as one table: a row per figure, a column per mode.
+func (r *Result) Table(w io.Writer) {
+	modes := make([]string, 0, len(r.Modes))
+	for m := range r.Modes {
+		modes = append(modes, m)
+	}
+	slices.Sort(modes)
+	fmt.Fprintf(w, "%s\n%d runs; latency at %.0f msg/s for %.0fs; backlog %d × %d bytes; confirm window %d\n"+
+		"figures: median [min … max]\n\n", r.Machine, r.Runs, r.Rate, r.DurationS, r.Backlog, r.PayloadBytes, r.Window)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "figure")
+	for _, m := range modes {
+		fmt.Fprintf(tw, "\t%s", m)
+	}
+	fmt.Fprintln(tw)
+	row := func(name, format string, get func(ModeResult) Stat) {
+		fmt.Fprint(tw, name)
+		for _, m := range modes {
+			s := get(r.Modes[m])
+			fmt.Fprintf(tw, "\t"+format+" ["+format+" … "+format+"]", s.Median, s.Min, s.Max)
+		}
+		fmt.Fprintln(tw)
+	}
+	row("commit → receive p50 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP50Ms })
+	row("commit → receive p95 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP95Ms })
+	row("commit → receive p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP99Ms })
+	row("commit → receive max (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyMaxMs })
+	row("catch-up (msg/s)", "%.0f", func(m ModeResult) Stat { return m.CatchUpMsgsPerS })
+	row("ratio to bare publisher", "%.2f", func(m ModeResult) Stat { return m.RatioToBare })
+	row("idle DB queries/s", "%.2f", func(m ModeResult) Stat { return m.IdleQueriesPerS })
+	row("relay CPU (s)", "%.1f", func(m ModeResult) Stat { return m.RelayCPUSeconds })
+	row("relay peak RSS (MiB)", "%.0f", func(m ModeResult) Stat { return m.RelayPeakRSSMiB })
+	tw.Flush()
+	b := r.BareMsgsPerS
+	fmt.Fprintf(w, "\nbare amqp091 publisher, same queue and window: %.0f msg/s [%.0f … %.0f]\n", b.Median, b.Min, b.Max)
+}
