@@ -1,0 +1,96 @@
+package canal
+
+import (
+	"fmt"
+)
+
+// Names of the preflight checks, the Check field of a PreflightError.
+const (
+	CheckLogBin      = "log_bin"
+	CheckFormat      = "binlog_format"
+	CheckRowImage    = "binlog_row_image"
+	CheckRowMetadata = "binlog_row_metadata"
+	CheckReplSlave   = "REPLICATION SLAVE"
+	CheckReplClient  = "REPLICATION CLIENT"
+	CheckServerID    = "server_id"
+)
+
+// PreflightError is a server setting or grant that makes binlog mode
+// impossible. Its message is one line: what is wrong, then how to fix it.
+// The tailer also returns it from Run when the stream itself shows the
+// problem (a TABLE_MAP without column names, a row image without all columns).
+type PreflightError struct {
+	Check   string // one of the Check* constants
+	Problem string // what was found, e.g. "binlog_format is STATEMENT"
+	Fix     string // what to do, e.g. "set binlog_format=ROW (...)"
+}
+
+func (e *PreflightError) Error() string { return e.Problem + ": " + e.Fix }
+
+// SchemaError reports an outbox table whose binlog shape is not the one the
+// tailer maps: a required column missing (renamed or dropped, typically DDL
+// while running) or of an unexpected type. It is fatal: the table must be
+// repaired, the relay cannot guess.
+type SchemaError struct {
+	Schema, Table string
+	Column        string // the offending column
+	Reason        string // empty when the column is missing
+}
+
+func (e *SchemaError) Error() string {
+	if e.Reason != "" {
+		return fmt.Sprintf("outbox column %q of %s.%s in the binlog table map: %s", e.Column, e.Schema, e.Table, e.Reason)
+	}
+	return fmt.Sprintf("outbox column %q missing from the binlog table map of %s.%s: the table's shape changed (DDL while running?)",
+		e.Column, e.Schema, e.Table)
+}
+
+// PurgedError reports a start position the server cannot stream from: the
+// binlogs holding it were purged, or the position is not in the server's
+// history at all (diverged, e.g. after a failover that lost transactions).
+type PurgedError struct {
+	Position Position
+	Detail   string // the server's message or what CheckPosition compared
+}
+
+func (e *PurgedError) Error() string {
+	return fmt.Sprintf("binlog position %s is no longer available on the server (%s): "+
+		"restart from a current position (the relay's poll-to-binlog handover delivers what was missed) "+
+		"and keep binlogs longer (binlog_expire_logs_seconds / expire_logs_days)", e.Position, e.Detail)
+}
+
+// AccessError reports that the server refused the binlog connection or dump
+// for lack of credentials or privileges.
+type AccessError struct {
+	User   string
+	Detail string // the server's message
+}
+
+func (e *AccessError) Error() string {
+	return fmt.Sprintf("binlog access denied for user %q (%s): check the password and "+
+		"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO the relay's user", e.User, e.Detail)
+}
+
+// HandlerError wraps an error returned by the Handler; Run stops with it.
+type HandlerError struct {
+	Op  string // "Row" or "Commit"
+	Err error
+}
+
+func (e *HandlerError) Error() string { return fmt.Sprintf("canal handler %s: %v", e.Op, e.Err) }
+func (e *HandlerError) Unwrap() error { return e.Err }
+
+// DivergedError reports that after a reconnect the stream did not resume with
+// the transaction whose first rows the handler had already received, so
+// skipping them would be wrong. It means the server's history changed under
+// the tailer (failover, RESET MASTER).
+type DivergedError struct {
+	Expected string // the interrupted transaction
+	Got      string // the first transaction after the reconnect
+	Rows     int    // rows of Expected already handed over
+}
+
+func (e *DivergedError) Error() string {
+	return fmt.Sprintf("binlog diverged during a reconnect: %d rows of transaction %s were delivered, "+
+		"but the stream resumed with %s; restart from the durable checkpoint", e.Rows, e.Expected, e.Got)
+}

@@ -1,0 +1,387 @@
+package canal
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+	driver "github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+)
+
+// DetectFlavor reports "mariadb" or "mysql" from the server's version.
+func DetectFlavor(ctx context.Context, db *sql.DB) (string, error) {
+	var v string
+	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v); err != nil {
+		return "", fmt.Errorf("detect server flavor: %w", err)
+	}
+	return flavorOf(v), nil
+}
+
+// CurrentPosition is the server's position now: @@gtid_binlog_pos on MariaDB
+// (always GTID), @@gtid_executed on MySQL with gtid_mode ON, else the file
+// and offset of SHOW BINARY LOG STATUS (SHOW MASTER STATUS before MySQL
+// 8.0.22). An empty GTID position (no transaction binlogged yet) is returned
+// as the zero Position of its flavor, which Run streams from the start.
+func CurrentPosition(ctx context.Context, db *sql.DB) (Position, error) {
+	flavor, err := DetectFlavor(ctx, db)
+	if err != nil {
+		return Position{}, err
+	}
+	p := Position{Flavor: flavor}
+	if flavor == FlavorMariaDB {
+		if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_binlog_pos").Scan(&p.GTIDSet); err != nil {
+			return Position{}, fmt.Errorf("read @@gtid_binlog_pos: %w", err)
+		}
+		return p, nil
+	}
+	var mode string
+	if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_mode").Scan(&mode); err != nil {
+		return Position{}, fmt.Errorf("read @@gtid_mode: %w", err)
+	}
+	if strings.EqualFold(mode, "ON") {
+		var set string
+		if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_executed").Scan(&set); err != nil {
+			return Position{}, fmt.Errorf("read @@gtid_executed: %w", err)
+		}
+		p.GTIDSet = strings.ReplaceAll(strings.ReplaceAll(set, "\n", ""), " ", "")
+		return p, nil
+	}
+	rows, err := queryMaps(ctx, db, "SHOW BINARY LOG STATUS")
+	if err != nil {
+		rows, err = queryMaps(ctx, db, "SHOW MASTER STATUS")
+	}
+	if err != nil {
+		return Position{}, fmt.Errorf("read the binlog position (SHOW MASTER STATUS): %w", err)
+	}
+	if len(rows) == 0 {
+		return Position{}, errors.New("read the binlog position: SHOW MASTER STATUS is empty (log_bin is OFF)")
+	}
+	p.File = rows[0]["file"]
+	pos, err := strconv.ParseUint(rows[0]["position"], 10, 32)
+	if err != nil {
+		return Position{}, fmt.Errorf("read the binlog position: bad Position %q: %w", rows[0]["position"], err)
+	}
+	p.Pos = uint32(pos)
+	return p, nil
+}
+
+// Preflight checks that binlog mode can work with this server and cfg:
+// log_bin=ON, binlog_format=ROW, binlog_row_image=FULL,
+// binlog_row_metadata=FULL, REPLICATION SLAVE and REPLICATION CLIENT granted
+// to db's user (which should be cfg.User), and cfg.ServerID unused by the
+// server and its registered replicas. The first failure is returned as a
+// *PreflightError whose one-line message names the fix.
+//
+// Settings are read GLOBAL: they are what new writer sessions get. A writer
+// that changes binlog_format or binlog_row_image in its own session is not
+// detectable here; the tailer reports what it sees in the stream instead.
+//
+// A clash with another replica's server id is detected through SHOW REPLICA
+// HOSTS, which lists the replicas and binlog clients that registered (every
+// go-mysql tailer does). MariaDB 10.5+ allows that statement only with
+// REPLICATION MASTER ADMIN; without it the check is skipped with a warning.
+func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := cfg.Logger.Named("canal")
+	flavor := cfg.Flavor
+	if flavor == "" {
+		var err error
+		if flavor, err = DetectFlavor(ctx, db); err != nil {
+			return err
+		}
+	}
+
+	var logBin, format, image string
+	var serverID uint32
+	err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.log_bin, @@GLOBAL.binlog_format, @@GLOBAL.binlog_row_image, @@GLOBAL.server_id").
+		Scan(&logBin, &format, &image, &serverID)
+	if err != nil {
+		return fmt.Errorf("preflight: read binlog settings: %w", err)
+	}
+	if logBin != "1" && !strings.EqualFold(logBin, "ON") {
+		return &PreflightError{Check: CheckLogBin, Problem: "log_bin is OFF (the server writes no binlog)",
+			Fix: "enable the binary log: my.cnf [mysqld] log-bin=<name>, then restart the server (log_bin cannot change at runtime)"}
+	}
+	if !strings.EqualFold(format, "ROW") {
+		return &PreflightError{Check: CheckFormat, Problem: "binlog_format is " + format,
+			Fix: "set binlog_format=ROW (my.cnf [mysqld] binlog-format=ROW, or SET GLOBAL binlog_format='ROW')"}
+	}
+	if !strings.EqualFold(image, "FULL") {
+		return &PreflightError{Check: CheckRowImage, Problem: "binlog_row_image is " + image,
+			Fix: "set binlog_row_image=FULL (my.cnf [mysqld] binlog-row-image=FULL, or SET GLOBAL binlog_row_image='FULL')"}
+	}
+	var meta string
+	if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.binlog_row_metadata").Scan(&meta); err != nil {
+		var me *driver.MySQLError
+		if errors.As(err, &me) && me.Number == 1193 { // unknown system variable
+			return &PreflightError{Check: CheckRowMetadata, Problem: "the server has no binlog_row_metadata (too old)",
+				Fix: "use MySQL 8.0.1+ or MariaDB 10.5+ and set binlog_row_metadata=FULL"}
+		}
+		return fmt.Errorf("preflight: read binlog_row_metadata: %w", err)
+	}
+	if !strings.EqualFold(meta, "FULL") {
+		return &PreflightError{Check: CheckRowMetadata, Problem: "binlog_row_metadata is " + meta,
+			Fix: "set binlog_row_metadata=FULL (my.cnf [mysqld] binlog-row-metadata=FULL, or SET GLOBAL binlog_row_metadata='FULL')"}
+	}
+
+	if err := checkGrants(ctx, db, flavor); err != nil {
+		return err
+	}
+
+	if cfg.ServerID == serverID {
+		return &PreflightError{Check: CheckServerID,
+			Problem: fmt.Sprintf("server id %d is the server's own @@server_id", cfg.ServerID),
+			Fix:     "choose another --server-id, unique among the server and its replicas and binlog clients"}
+	}
+	replicas, stmt, err := replicaHosts(ctx, db)
+	if err != nil {
+		log.Warn("preflight: server id clash with other replicas not checked: listing them needs "+
+			"REPLICATION MASTER ADMIN (MariaDB) or REPLICATION SLAVE (MySQL); make sure --server-id is unique by hand",
+			zap.Error(err))
+		return nil
+	}
+	for _, r := range replicas {
+		if r["server_id"] == strconv.FormatUint(uint64(cfg.ServerID), 10) {
+			return &PreflightError{Check: CheckServerID,
+				Problem: fmt.Sprintf("server id %d is used by a connected replica or binlog client (%s: host %q port %s)",
+					cfg.ServerID, stmt, r["host"], r["port"]),
+				Fix: "choose another --server-id, or stop the other client (two clients with one id disconnect each other)"}
+		}
+	}
+	return nil
+}
+
+// replicaHosts lists the registered replicas with the first statement the
+// server knows.
+func replicaHosts(ctx context.Context, db *sql.DB) ([]map[string]string, string, error) {
+	var errs []error
+	for _, stmt := range []string{"SHOW REPLICA HOSTS", "SHOW REPLICAS", "SHOW SLAVE HOSTS"} {
+		rows, err := queryMaps(ctx, db, stmt)
+		if err == nil {
+			return rows, stmt, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, "", errors.Join(errs...)
+}
+
+// Privileges that satisfy each replication grant, as SHOW GRANTS prints them.
+// MariaDB 10.5+ renamed REPLICATION CLIENT to BINLOG MONITOR (the old name is
+// an alias and SHOW GRANTS prints the new one).
+var (
+	replSlaveEquivalents  = []string{"REPLICATION SLAVE", "ALL PRIVILEGES", "ALL"}
+	replClientEquivalents = []string{"REPLICATION CLIENT", "BINLOG MONITOR", "ALL PRIVILEGES", "ALL"}
+)
+
+func checkGrants(ctx context.Context, db *sql.DB, flavor string) error {
+	var user string
+	if err := db.QueryRowContext(ctx, "SELECT CURRENT_USER()").Scan(&user); err != nil {
+		return fmt.Errorf("preflight: read CURRENT_USER(): %w", err)
+	}
+	rows, err := db.QueryContext(ctx, "SHOW GRANTS")
+	if err != nil {
+		return fmt.Errorf("preflight: SHOW GRANTS: %w", err)
+	}
+	defer rows.Close()
+	var grants []string
+	for rows.Next() {
+		var g string
+		if err := rows.Scan(&g); err != nil {
+			return fmt.Errorf("preflight: SHOW GRANTS: %w", err)
+		}
+		grants = append(grants, g)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("preflight: SHOW GRANTS: %w", err)
+	}
+	privs := globalPrivileges(grants)
+	account := quoteAccount(user)
+	if !hasAny(privs, replSlaveEquivalents) {
+		return &PreflightError{Check: CheckReplSlave,
+			Problem: fmt.Sprintf("user %s lacks REPLICATION SLAVE (the binlog dump would fail with a misleading access error)", account),
+			Fix:     fmt.Sprintf("GRANT REPLICATION SLAVE ON *.* TO %s", account)}
+	}
+	if !hasAny(privs, replClientEquivalents) {
+		name, problem := "REPLICATION CLIENT", "REPLICATION CLIENT"
+		if flavor == FlavorMariaDB {
+			// MariaDB 10.5 renamed it; SHOW GRANTS prints the new name.
+			name, problem = "BINLOG MONITOR", "REPLICATION CLIENT (BINLOG MONITOR)"
+		}
+		return &PreflightError{Check: CheckReplClient,
+			Problem: fmt.Sprintf("user %s lacks %s, needed to read binlog positions and list binlogs", account, problem),
+			Fix:     fmt.Sprintf("GRANT %s ON *.* TO %s", name, account)}
+	}
+	return nil
+}
+
+// globalPrivileges extracts the privileges granted ON *.* from SHOW GRANTS
+// lines such as "GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO `u`@`%`".
+// Role grants ("GRANT `r` TO `u`") and object-level grants are ignored: the
+// replication privileges are global only.
+func globalPrivileges(lines []string) map[string]bool {
+	privs := make(map[string]bool)
+	for _, line := range lines {
+		up := strings.ToUpper(line)
+		if !strings.HasPrefix(up, "GRANT ") {
+			continue
+		}
+		on := strings.Index(up, " ON *.* TO ")
+		if on < 0 {
+			continue
+		}
+		for p := range strings.SplitSeq(up[len("GRANT "):on], ",") {
+			privs[strings.Join(strings.Fields(p), " ")] = true
+		}
+	}
+	return privs
+}
+
+func hasAny(privs map[string]bool, names []string) bool {
+	for _, n := range names {
+		if privs[n] {
+			return true
+		}
+	}
+	return false
+}
+
+// quoteAccount turns CURRENT_USER()'s "user@host" into 'user'@'host'.
+func quoteAccount(u string) string {
+	i := strings.LastIndexByte(u, '@')
+	if i < 0 {
+		return "'" + u + "'"
+	}
+	return "'" + u[:i] + "'@'" + u[i+1:] + "'"
+}
+
+// CheckPosition reports whether the server can still stream from pos: a
+// *PurgedError when the binlogs after it were purged or when pos is not in
+// the server's history (ahead of it: diverged). The zero position is always
+// available.
+//
+// MariaDB: each domain of pos is compared with BINLOG_GTID_POS(oldest binlog,
+// 4), the GTID state at the start of the oldest retained binlog (a domain
+// there but missing from pos would replay from its purged start), and with
+// @@gtid_binlog_pos (a sequence ahead of the server is a divergence). MySQL:
+// @@gtid_purged must be a subset of pos and pos of @@gtid_executed. File
+// positions: the file must still be listed by SHOW BINARY LOGS.
+func CheckPosition(ctx context.Context, db *sql.DB, pos Position) error {
+	if pos.IsZero() {
+		return nil
+	}
+	flavor := pos.Flavor
+	if flavor == "" {
+		var err error
+		if flavor, err = DetectFlavor(ctx, db); err != nil {
+			return err
+		}
+	}
+	logs, err := queryMaps(ctx, db, "SHOW BINARY LOGS")
+	if err != nil {
+		return fmt.Errorf("check position %s: SHOW BINARY LOGS: %w", pos, err)
+	}
+	if len(logs) == 0 {
+		return fmt.Errorf("check position %s: the server lists no binary logs (log_bin is OFF)", pos)
+	}
+	if !pos.gtidMode() {
+		for _, l := range logs {
+			if l["log_name"] == pos.File {
+				size, _ := strconv.ParseUint(l["file_size"], 10, 64)
+				if uint64(pos.Pos) > size {
+					return &PurgedError{Position: pos, Detail: fmt.Sprintf("offset %d is beyond the end of %s (%d bytes)", pos.Pos, pos.File, size)}
+				}
+				return nil
+			}
+		}
+		return &PurgedError{Position: pos, Detail: fmt.Sprintf("binlog %s is not in SHOW BINARY LOGS (oldest is %s)", pos.File, logs[0]["log_name"])}
+	}
+	if flavor == FlavorMySQL {
+		var notPurged, known bool
+		err := db.QueryRowContext(ctx, "SELECT GTID_SUBSET(@@GLOBAL.gtid_purged, ?), GTID_SUBSET(?, @@GLOBAL.gtid_executed)",
+			pos.GTIDSet, pos.GTIDSet).Scan(&notPurged, &known)
+		if err != nil {
+			return fmt.Errorf("check position %s: %w", pos, err)
+		}
+		if !notPurged {
+			return &PurgedError{Position: pos, Detail: "@@gtid_purged holds transactions the position has not seen"}
+		}
+		if !known {
+			return &PurgedError{Position: pos, Detail: "the position holds transactions the server never executed (diverged)"}
+		}
+		return nil
+	}
+
+	have, err := parseGTIDSet(FlavorMariaDB, pos.GTIDSet)
+	if err != nil {
+		return fmt.Errorf("check position: %w", err)
+	}
+	oldestFile := logs[0]["log_name"]
+	var oldestState, current sql.NullString
+	if err := db.QueryRowContext(ctx, "SELECT BINLOG_GTID_POS(?, 4), @@GLOBAL.gtid_binlog_pos", oldestFile).Scan(&oldestState, &current); err != nil {
+		return fmt.Errorf("check position %s: read the GTID state of %s: %w", pos, oldestFile, err)
+	}
+	oldest, err := parseGTIDSet(FlavorMariaDB, oldestState.String)
+	if err != nil {
+		return fmt.Errorf("check position: GTID state of %s: %w", oldestFile, err)
+	}
+	cur, err := parseGTIDSet(FlavorMariaDB, current.String)
+	if err != nil {
+		return fmt.Errorf("check position: @@gtid_binlog_pos: %w", err)
+	}
+	haveSets := have.(*mysql.MariadbGTIDSet).Sets
+	for d, o := range oldest.(*mysql.MariadbGTIDSet).Sets {
+		h, ok := haveSets[d]
+		if !ok {
+			return &PurgedError{Position: pos, Detail: fmt.Sprintf("domain %d is missing from the position and its start was purged: the oldest binlog %s begins after %s", d, oldestFile, o)}
+		}
+		if h.SequenceNumber < o.SequenceNumber {
+			return &PurgedError{Position: pos, Detail: fmt.Sprintf("the oldest binlog %s begins after %s, the position is at %s", oldestFile, o, h)}
+		}
+	}
+	curSets := cur.(*mysql.MariadbGTIDSet).Sets
+	for d, h := range haveSets {
+		c, ok := curSets[d]
+		if !ok || h.SequenceNumber > c.SequenceNumber {
+			return &PurgedError{Position: pos, Detail: fmt.Sprintf("the position's %s is not in the server's binlog (gtid_binlog_pos %s): diverged", h, current.String)}
+		}
+	}
+	return nil
+}
+
+// queryMaps runs a statement whose columns vary across versions and returns
+// its rows as lower-cased column name → text value.
+func queryMaps(ctx context.Context, db *sql.DB, stmt string) ([]map[string]string, error) {
+	rows, err := db.QueryContext(ctx, stmt)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	var out []map[string]string
+	vals := make([]sql.NullString, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	for rows.Next() {
+		if err := rows.Scan(ptrs...); err != nil {
+			return nil, err
+		}
+		m := make(map[string]string, len(cols))
+		for i, c := range cols {
+			m[strings.ToLower(c)] = vals[i].String
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,311 @@
+package canal
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+)
+
+// session is the state of one Run across its reconnects: what has been
+// committed to the handler and how far into the current transaction it got.
+// Only Run's goroutine touches it.
+type session struct {
+	t *Tailer
+	h Handler
+
+	flavor    string
+	gtidMode  bool
+	committed Position      // after the last transaction passed to Commit (or Run's from)
+	done      mysql.GTIDSet // GTID mode: committed as a set, advanced by each transaction's GTID
+	file      string        // binlog file being read (RotateEvent); informational in GTID mode
+
+	// The transaction being read.
+	open     bool       // between its start (GTID or BEGIN) and its end
+	explicit bool       // it ends at XID or COMMIT only (not at the next statement)
+	txnID    string     // its GTID, or in file mode the committed position it starts at
+	txnGTID  gtidRef    // its GTID, added to done at commit
+	skipTxn  bool       // already committed (duplicate guard): read past it silently
+	rows     int        // outbox rows of it seen so far, including skipped re-reads
+	skipRows int        // its first rows already delivered before a reconnect
+	colMap   *columnMap // the column map of the last outbox TABLE_MAP seen
+
+	// The transaction a failed connection interrupted after Row had seen
+	// resumeRows of its rows; its re-read must skip them.
+	resumeID   string
+	resumeRows int
+
+	progressed bool // this connection delivered a row or a commit
+}
+
+// gtidRef is one transaction's GTID in either flavor.
+type gtidRef struct {
+	maria *mysql.MariadbGTID
+	sid   uuid.UUID
+	tag   mysql.Tag
+	gno   int64 // MySQL; 0 = none (anonymous or not yet seen)
+}
+
+func (g gtidRef) valid() bool { return g.maria != nil || g.gno > 0 }
+
+func (g gtidRef) String() string {
+	switch {
+	case g.maria != nil:
+		return g.maria.String()
+	case g.gno > 0:
+		if tag := g.tag.String(); tag != "" {
+			return fmt.Sprintf("%s:%s:%d", g.sid, tag, g.gno)
+		}
+		return fmt.Sprintf("%s:%d", g.sid, g.gno)
+	default:
+		return ""
+	}
+}
+
+// init fixes the flavor and parses the committed GTID set.
+func (s *session) init(flavor string) error {
+	s.flavor = flavor
+	s.committed.Flavor = flavor
+	if !s.gtidMode {
+		return nil
+	}
+	set, err := parseGTIDSet(flavor, s.committed.GTIDSet)
+	if err != nil {
+		return &fatalError{fmt.Errorf("start position: %w", err)}
+	}
+	s.done = set
+	return nil
+}
+
+// beginConnection resets the per-transaction state at a new connection: the
+// server restarts at a transaction boundary.
+func (s *session) beginConnection() { s.resetTxn() }
+
+func (s *session) resetTxn() {
+	s.open, s.explicit, s.skipTxn = false, false, false
+	s.txnID, s.txnGTID = "", gtidRef{}
+	s.rows, s.skipRows = 0, 0
+}
+
+// interrupted records, after a failed connection, how many rows of the
+// transaction being read the handler has already seen. A connection that
+// failed while re-reading that transaction may have seen fewer rows than were
+// delivered (skipRows); the larger count stands. A connection that failed
+// before reaching it leaves the record alone.
+func (s *session) interrupted() {
+	if n := max(s.rows, s.skipRows); s.open && !s.skipTxn && n > 0 {
+		s.resumeID, s.resumeRows = s.txnID, n
+	}
+	s.resetTxn()
+}
+
+// event advances the state machine by one binlog event.
+func (s *session) event(ctx context.Context, ev *replication.BinlogEvent) error {
+	switch e := ev.Event.(type) {
+	case *replication.RotateEvent:
+		s.file = string(e.NextLogName)
+	case *replication.MariadbGTIDEvent:
+		g := e.GTID // a copy: the event is go-mysql's
+		return s.begin(gtidRef{maria: &g}, !e.IsStandalone())
+	case *replication.GTIDEvent:
+		return s.begin(mysqlGTID(e.SID, mysql.Tag{}, e.GNO), false)
+	case *replication.GtidTaggedLogEvent:
+		return s.begin(mysqlGTID(e.SID, e.Tag, e.GNO), false)
+	case *replication.QueryEvent:
+		return s.query(ctx, ev, e)
+	case *replication.XIDEvent:
+		if !s.open {
+			if err := s.begin(gtidRef{}, true); err != nil {
+				return err
+			}
+		}
+		return s.commit(ctx, ev)
+	case *replication.RowsEvent:
+		if !s.open {
+			if err := s.begin(gtidRef{}, true); err != nil {
+				return err
+			}
+		}
+		return s.rowsEvent(ctx, ev, e)
+	case *replication.TransactionPayloadEvent:
+		// MySQL binlog_transaction_compression: the transaction's events,
+		// already decoded (with our decode filter) by go-mysql.
+		for _, inner := range e.Events {
+			if err := s.event(ctx, inner); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func mysqlGTID(sid []byte, tag mysql.Tag, gno int64) gtidRef {
+	u, err := uuid.FromBytes(sid)
+	if err != nil || gno <= 0 { // anonymous GTID (server without GTIDs)
+		return gtidRef{}
+	}
+	return gtidRef{sid: u, tag: tag, gno: gno}
+}
+
+// begin starts a transaction at its GTID event (or at BEGIN, XID or rows
+// seen without one). explicit: the transaction ends at XID or COMMIT rather
+// than with its first statement (MariaDB marks single-statement DDL groups
+// "standalone"; MySQL DML follows its GTID with BEGIN).
+func (s *session) begin(g gtidRef, explicit bool) error {
+	if s.open && s.rows > 0 && !s.skipTxn {
+		// Not expected from MySQL or MariaDB except for XA transactions
+		// (prepared, then committed by a later "XA COMMIT" group), which
+		// the tailer does not support: their rows were delivered without
+		// a Commit of their own.
+		s.t.log.Warn("transaction ended without XID or COMMIT; its rows are counted in no Commit",
+			zap.String("transaction", s.txnID), zap.Int("rows", s.rows))
+	}
+	s.resetTxn()
+	s.open, s.explicit, s.txnGTID = true, explicit, g
+	if s.gtidMode && g.valid() {
+		s.txnID = g.String()
+		if s.contains(g) {
+			s.skipTxn = true
+			s.t.log.Debug("skipping already committed transaction", zap.String("gtid", s.txnID))
+			return nil
+		}
+	} else {
+		s.txnID = s.committed.String()
+	}
+	if s.resumeRows > 0 {
+		id, n := s.resumeID, s.resumeRows
+		s.resumeID, s.resumeRows = "", 0
+		if id != s.txnID {
+			return &DivergedError{Expected: id, Got: s.txnID, Rows: n}
+		}
+		s.skipRows = n
+	}
+	return nil
+}
+
+// contains is the duplicate guard: whether g is already in the committed set.
+// MariaDB positions hold one GTID per domain, so "contained" means a sequence
+// number at or below the committed one of its domain.
+func (s *session) contains(g gtidRef) bool {
+	switch set := s.done.(type) {
+	case *mysql.MariadbGTIDSet:
+		if g.maria == nil {
+			return false
+		}
+		cur, ok := set.Sets[g.maria.DomainID]
+		return ok && g.maria.SequenceNumber <= cur.SequenceNumber
+	case *mysql.MysqlGTIDSet:
+		if g.gno <= 0 {
+			return false
+		}
+		one := mysql.NewMysqlGTIDSet()
+		one.AddGTIDWithTag(g.sid, g.tag, g.gno)
+		return set.Contain(&one)
+	}
+	return false
+}
+
+func (s *session) query(ctx context.Context, ev *replication.BinlogEvent, e *replication.QueryEvent) error {
+	q := bytes.TrimSpace(e.Query)
+	switch {
+	case bytes.EqualFold(q, []byte("BEGIN")):
+		if !s.open {
+			if err := s.begin(gtidRef{}, true); err != nil {
+				return err
+			}
+		}
+		s.explicit = true
+		return nil
+	case s.open && s.explicit:
+		// Inside BEGIN … COMMIT: COMMIT (non-transactional engines) or
+		// ROLLBACK ends it; other statements (SAVEPOINT …) are part of it.
+		if hasPrefixFold(q, "COMMIT") || hasPrefixFold(q, "ROLLBACK") {
+			return s.commit(ctx, ev)
+		}
+		return nil
+	default:
+		// A statement that is its own transaction (DDL).
+		if !s.open {
+			if err := s.begin(gtidRef{}, false); err != nil {
+				return err
+			}
+		}
+		return s.commit(ctx, ev)
+	}
+}
+
+func hasPrefixFold(b []byte, prefix string) bool {
+	return len(b) >= len(prefix) && bytes.EqualFold(b[:len(prefix)], []byte(prefix))
+}
+
+func isWriteRows(t replication.EventType) bool {
+	switch t {
+	case replication.WRITE_ROWS_EVENTv0, replication.WRITE_ROWS_EVENTv1, replication.WRITE_ROWS_EVENTv2,
+		replication.MARIADB_WRITE_ROWS_COMPRESSED_EVENT_V1:
+		return true
+	}
+	return false
+}
+
+func (s *session) rowsEvent(ctx context.Context, ev *replication.BinlogEvent, e *replication.RowsEvent) error {
+	if s.skipTxn || !isWriteRows(ev.Header.EventType) || e.Rows == nil || !s.t.isOutbox(e.Table) {
+		return nil
+	}
+	if s.colMap == nil || s.colMap.tme != e.Table {
+		m, err := mapColumns(e.Table)
+		if err != nil {
+			return err
+		}
+		s.colMap = m
+	}
+	for i, row := range e.Rows {
+		s.rows++
+		if s.rows <= s.skipRows {
+			continue // delivered before the reconnect
+		}
+		var skipped []int
+		if i < len(e.SkippedColumns) {
+			skipped = e.SkippedColumns[i]
+		}
+		rec, err := s.colMap.record(row, skipped)
+		if err != nil {
+			return fmt.Errorf("transaction %s, outbox row %d: %w", s.txnID, s.rows, err)
+		}
+		if err := s.h.Row(ctx, rec); err != nil {
+			return &HandlerError{Op: "Row", Err: err}
+		}
+		s.progressed = true
+	}
+	return nil
+}
+
+func (s *session) commit(ctx context.Context, ev *replication.BinlogEvent) error {
+	if s.skipTxn {
+		s.resetTxn()
+		return nil
+	}
+	pos := Position{Flavor: s.flavor, File: s.file, Pos: ev.Header.LogPos}
+	if s.gtidMode {
+		switch g := s.txnGTID; {
+		case g.maria != nil:
+			if err := s.done.(*mysql.MariadbGTIDSet).AddSet(g.maria); err != nil {
+				return &fatalError{fmt.Errorf("advance GTID position by %s: %w", g, err)}
+			}
+		case g.gno > 0:
+			s.done.(*mysql.MysqlGTIDSet).AddGTIDWithTag(g.sid, g.tag, g.gno)
+		}
+		pos.GTIDSet = s.done.String()
+	}
+	rows := s.rows
+	s.committed = pos
+	s.resetTxn()
+	s.progressed = true
+	if err := s.h.Commit(ctx, pos, rows); err != nil {
+		return &HandlerError{Op: "Commit", Err: err}
+	}
+	return nil
+}

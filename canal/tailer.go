@@ -1,0 +1,289 @@
+package canal
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-mysql-org/go-mysql/client"
+	"github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// Handler receives the stream. Calls are sequential from Run's goroutine.
+type Handler interface {
+	// Row is called for each WRITE_ROWS row of the outbox table, in binlog
+	// order, between two Commits. It may block (back-pressure: the tailer
+	// stops reading). An error stops Run and is returned wrapped in a
+	// *HandlerError. rec is the handler's to keep.
+	Row(ctx context.Context, rec *outbox.Record) error
+	// Commit ends every transaction, outbox or foreign: pos is the position
+	// after it, rows the outbox rows it carried (all of them, also those
+	// delivered before a reconnect). An error stops Run like Row's.
+	Commit(ctx context.Context, pos Position, rows int) error
+}
+
+// Tailer streams the outbox rows of one table from the binlog. It holds only
+// configuration: each Run owns its own connection and state, and a Tailer may
+// run again after Run returned.
+type Tailer struct {
+	cfg           Config
+	log           *zap.Logger
+	schema, table []byte // cfg.Schema and cfg.Table, for allocation-free compares on the decode path
+}
+
+// New validates cfg (filling in defaults) and returns a Tailer.
+func New(cfg Config) (*Tailer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Tailer{
+		cfg:    cfg,
+		log:    cfg.Logger.Named("canal"),
+		schema: []byte(cfg.Schema),
+		table:  []byte(cfg.Table),
+	}, nil
+}
+
+// Run streams from `from` (exclusive: the first transaction delivered is the
+// one after it) until ctx ends (it then returns ctx.Err()) or a fatal error:
+// *PurgedError, *AccessError, *SchemaError, *PreflightError, *DivergedError,
+// *HandlerError, or an undecodable event. Every other error (connection
+// refused or reset, read timeout, server restart) is retried inside Run with
+// jittered exponential backoff, resuming after the last transaction passed to
+// Commit and skipping the rows of the interrupted transaction that Row
+// already received, so the handler never sees a row twice nor misses one.
+//
+// A zero from starts at the oldest binlog the server still has. A position
+// with a GTID set is streamed by GTID; one with only File and Pos by file
+// offset (then Commit positions are file offsets too).
+//
+// All goroutines Run starts (go-mysql's reader) have ended when it returns.
+func (t *Tailer) Run(ctx context.Context, from Position, h Handler) error {
+	s := &session{t: t, h: h, committed: from, gtidMode: from.gtidMode()}
+	switch {
+	case t.cfg.Flavor != "" && from.Flavor != "" && from.Flavor != t.cfg.Flavor:
+		return fmt.Errorf("canal: start position %s is of flavor %q but the tailer is configured for %q", from, from.Flavor, t.cfg.Flavor)
+	case t.cfg.Flavor != "":
+		s.flavor = t.cfg.Flavor
+	case from.Flavor == FlavorMySQL || from.Flavor == FlavorMariaDB:
+		s.flavor = from.Flavor
+	case from.Flavor != "":
+		return fmt.Errorf("canal: start position %s has unknown flavor %q", from, from.Flavor)
+	}
+	if s.flavor != "" {
+		if err := s.init(s.flavor); err != nil {
+			return fmt.Errorf("canal: %w", err)
+		}
+	}
+
+	failures := 0
+	for {
+		started := time.Now()
+		err := t.stream(ctx, s)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if ferr := t.fatal(err, s); ferr != nil {
+			return ferr // the caller logs it; it names the position
+		}
+		// A stream that delivered something or lived longer than the backoff
+		// cap was healthy: start the backoff over.
+		if s.progressed || time.Since(started) > t.cfg.RetryMax {
+			failures = 0
+		}
+		failures++
+		s.interrupted()
+		wait := backoff(t.cfg.RetryMin, t.cfg.RetryMax, failures)
+		t.log.Warn("binlog stream interrupted, reconnecting",
+			zap.Error(err), zap.Int("attempt", failures), zap.Duration("backoff", wait),
+			zap.Stringer("resume_after", s.committed), zap.Int("rows_to_skip", s.resumeRows))
+		if t.cfg.OnRetry != nil {
+			t.cfg.OnRetry(err, failures)
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		case <-timer.C:
+		}
+	}
+}
+
+// backoff is the wait before reconnect attempt n (1-based): exponential from
+// min, capped at max, with "equal jitter" (half fixed, half random) so that
+// relays cut off together do not reconnect in lockstep.
+func backoff(lo, hi time.Duration, n int) time.Duration {
+	d := lo
+	for i := 1; i < n && d < hi; i++ {
+		d *= 2
+	}
+	d = min(d, hi)
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// stream runs one connection: it starts the dump from s.committed and feeds
+// events to s until an error. The syncer (and its reader goroutine) is closed
+// before it returns.
+func (t *Tailer) stream(ctx context.Context, s *session) error {
+	if s.flavor == "" {
+		fl, err := t.detectFlavor(ctx)
+		if err != nil {
+			return err
+		}
+		if err := s.init(fl); err != nil {
+			return err
+		}
+	}
+	s.progressed = false
+	syncer := replication.NewBinlogSyncer(t.syncerConfig(s.flavor))
+	defer syncer.Close()
+
+	var (
+		st  *replication.BinlogStreamer
+		err error
+	)
+	if s.gtidMode {
+		// s.done is the committed set; the dump starts after it.
+		st, err = syncer.StartSyncGTID(s.done.Clone())
+	} else {
+		st, err = syncer.StartSync(mysql.Position{Name: s.committed.File, Pos: s.committed.Pos})
+	}
+	if err != nil {
+		return fmt.Errorf("start binlog dump after %s: %w", s.committed, err)
+	}
+	s.beginConnection()
+	for {
+		ev, err := st.GetEvent(ctx)
+		if err != nil {
+			return fmt.Errorf("read binlog after %s: %w", s.committed, err)
+		}
+		if err := s.event(ctx, ev); err != nil {
+			return err
+		}
+	}
+}
+
+func (t *Tailer) syncerConfig(flavor string) replication.BinlogSyncerConfig {
+	return replication.BinlogSyncerConfig{
+		ServerID: t.cfg.ServerID,
+		Flavor:   flavor,
+		Host:     t.cfg.Host,
+		Port:     uint16(t.cfg.Port),
+		User:     t.cfg.User,
+		Password: t.cfg.Password,
+		// DATETIME → time.Time in UTC (go-mysql builds DATETIME values in UTC;
+		// TIMESTAMP ones in Local, which .UTC() makes the same instant).
+		ParseTime:       true,
+		HeartbeatPeriod: t.cfg.HeartbeatPeriod,
+		ReadTimeout:     t.cfg.ReadTimeout,
+		// go-mysql's own retry re-delivers the last transaction and hides the
+		// error; Run retries instead, from the last committed transaction.
+		DisableRetrySync: true,
+		VerifyChecksum:   true,
+		EventCacheCount:  t.cfg.EventCacheCount,
+		// Run tracks the GTID set from the GTID events itself (it needs it for
+		// the duplicate guard anyway); this saves a set clone per commit.
+		DiscardGTIDSet:      true,
+		RowsEventDecodeFunc: t.decodeRows,
+		Logger:              newSlogLogger(t.log),
+	}
+}
+
+// decodeRows is the syncer's RowsEventDecodeFunc; it runs on go-mysql's
+// reader goroutine and reads only immutable Tailer fields. The header is
+// always decoded (it resolves the table and carries the end-of-statement flag
+// the parser needs to drop its table maps); the rows only for WRITE_ROWS of
+// the outbox table. Other rows events reach Run with Rows == nil.
+func (t *Tailer) decodeRows(re *replication.RowsEvent, data []byte) error {
+	pos, err := re.DecodeHeader(data)
+	if err != nil {
+		return err
+	}
+	if re.Type() != replication.EnumRowsEventTypeInsert || !t.isOutbox(re.Table) {
+		return nil
+	}
+	return re.DecodeData(pos, data)
+}
+
+func (t *Tailer) isOutbox(tme *replication.TableMapEvent) bool {
+	return tme != nil && bytes.EqualFold(tme.Table, t.table) && bytes.EqualFold(tme.Schema, t.schema)
+}
+
+// detectFlavor asks the server its version over go-mysql's client.
+func (t *Tailer) detectFlavor(ctx context.Context) (string, error) {
+	addr := net.JoinHostPort(t.cfg.Host, strconv.Itoa(t.cfg.Port))
+	c, err := client.ConnectWithContext(ctx, addr, t.cfg.User, t.cfg.Password, "", 10*time.Second)
+	if err != nil {
+		return "", fmt.Errorf("connect to %s to detect the server flavor: %w", addr, err)
+	}
+	defer c.Close()
+	return flavorOf(c.GetServerVersion()), nil
+}
+
+func flavorOf(version string) string {
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		return FlavorMariaDB
+	}
+	return FlavorMySQL
+}
+
+// fatal returns the error Run should return for err, or nil when err is
+// transient and the stream should be reconnected.
+func (t *Tailer) fatal(err error, s *session) error {
+	if err == nil {
+		return nil
+	}
+	var (
+		pe *PreflightError
+		se *SchemaError
+		he *HandlerError
+		de *DivergedError
+		ee *replication.EventError
+		me *mysql.MyError
+		fe *fatalError
+	)
+	switch {
+	case errors.As(err, &pe), errors.As(err, &se), errors.As(err, &he), errors.As(err, &de):
+		return fmt.Errorf("canal: %w", err)
+	case errors.As(err, &fe):
+		return fmt.Errorf("canal: %w", fe.err)
+	case errors.As(err, &ee):
+		// A decode failure repeats on every re-read: retrying cannot help.
+		return fmt.Errorf("canal: decode binlog event after %s: %w", s.committed, err)
+	case errors.As(err, &me):
+		switch me.Code {
+		case mysql.ER_MASTER_FATAL_ERROR_READING_BINLOG:
+			if msg := strings.ToLower(me.Message); strings.Contains(msg, "server_id") || strings.Contains(msg, "server_uuid") {
+				return fmt.Errorf("canal: %w", &PreflightError{
+					Check:   CheckServerID,
+					Problem: "the server refused the binlog dump: " + me.Message,
+					Fix:     "give this relay a --server-id no other replica or binlog client of the server uses",
+				})
+			}
+			return fmt.Errorf("canal: %w", &PurgedError{Position: s.committed, Detail: me.Message})
+		case mysql.ER_ACCESS_DENIED_ERROR, mysql.ER_DBACCESS_DENIED_ERROR, mysql.ER_SPECIFIC_ACCESS_DENIED_ERROR,
+			mysql.ER_TABLEACCESS_DENIED_ERROR, mysql.ER_COLUMNACCESS_DENIED_ERROR, mysql.ER_ACCESS_DENIED_NO_PASSWORD_ERROR:
+			return fmt.Errorf("canal: %w", &AccessError{User: t.cfg.User, Detail: me.Message})
+		}
+	}
+	return nil
+}
+
+// fatalError marks an error of the tailer's own making that retrying cannot
+// cure (a malformed start position).
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
