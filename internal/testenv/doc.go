@@ -7,7 +7,9 @@
 //     OUTBOX_TEST_MYSQL_DSN. Private servers can be killed, restarted, have their
 //     binlogs purged, get a GTID replica and have it promoted.
 //   - RabbitMQ: a private durable topic exchange and queue on the broker at
-//     OUTBOX_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/).
+//     OUTBOX_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/), or
+//     StartRabbitMQ: a private node of the test's own that it may stop and
+//     start (stopping the shared broker would break every other test).
 //   - Proxy: a TCP fault proxy that cuts, refuses or delays connections.
 //
 // When a service is missing the test is skipped, or fails when

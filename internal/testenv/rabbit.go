@@ -17,6 +17,8 @@ type Broker struct {
 	URL      string // AMQP URL of the broker
 	Exchange string // durable topic exchange, deleted at cleanup
 	Queue    string // durable queue bound to Exchange with "#", deleted at cleanup
+
+	node *RabbitNode // the private node it lives on (RabbitNode.Broker), nil on the shared broker
 }
 
 // RabbitMQ gives the test its own durable topic exchange and durable queue
@@ -34,10 +36,19 @@ func RabbitMQ(t testing.TB) *Broker {
 		unavailable(t, "RabbitMQ at %s unreachable: %v", redactURL(url), err)
 	}
 	defer conn.Close()
-	b := &Broker{URL: url, Exchange: objectName(t.Name(), "test.", ".", 200)}
+	return newBroker(t, conn, url, nil)
+}
+
+// newBroker declares the test's exchange and queue over conn and registers
+// their deletion at cleanup. A broker on a private node (node set) is left
+// alone at cleanup: the node and its data go away with the test, and it may
+// well be stopped by then.
+func newBroker(t testing.TB, conn *amqp.Connection, url string, node *RabbitNode) *Broker {
+	t.Helper()
+	b := &Broker{URL: url, Exchange: objectName(t.Name(), "test.", ".", 200), node: node}
 	b.Queue = b.Exchange
 
-	err = withChannel(conn, func(ch *amqp.Channel) error {
+	err := withChannel(conn, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare(b.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("declare exchange %s: %w", b.Exchange, err)
 		}
@@ -110,6 +121,9 @@ func declareBoundQueue(ch *amqp.Channel, queue, exchange, key string) error {
 // cleanup runs f on a connection of its own: the test may have closed or
 // broken every connection it had.
 func (b *Broker) cleanup(f func(*amqp.Channel) error) error {
+	if b.node != nil {
+		return nil // removed with the node's directory
+	}
 	conn, err := dialAMQP(b.URL)
 	if err != nil {
 		return fmt.Errorf("connect to RabbitMQ at %s for cleanup: %w", redactURL(b.URL), err)

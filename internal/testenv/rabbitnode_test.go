@@ -1,0 +1,107 @@
+package testenv_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// A private node starts next to the shared broker, really goes away on Stop
+// (open connections drop, new ones are refused) and comes back on Start with
+// its durable queue and the persistent message in it.
+func TestRabbitNodeStopStart(t *testing.T) {
+	began := time.Now()
+	n := testenv.StartRabbitMQ(t)
+	t.Logf("node %s on %s up in %v", n.Name(), n.Addr(), time.Since(began).Round(time.Millisecond))
+	if !strings.HasPrefix(n.URL(), "amqp://guest:guest@127.0.0.1:") || strings.HasSuffix(n.URL(), ":5672/") {
+		t.Fatalf("URL %q: want guest on 127.0.0.1 on a port of its own", n.URL())
+	}
+	b := n.Broker(t)
+	if b.URL != n.URL() {
+		t.Fatalf("broker URL %q, node URL %q", b.URL, n.URL())
+	}
+
+	conn, err := amqp.Dial(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirm(b.Exchange, "a.b", true, false, amqp.Publishing{
+		DeliveryMode: amqp.Persistent, MessageId: "survivor", Body: []byte("kept"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(ctx(t)); err != nil || !ok {
+		t.Fatalf("publish not confirmed: ack %v, %v", ok, err)
+	}
+	if out := n.Ctl(t, "list_queues", "-q", "name", "messages"); !strings.Contains(out, b.Queue) {
+		t.Errorf("rabbitmqctl list_queues does not show %s:\n%s", b.Queue, out)
+	}
+
+	began = time.Now()
+	n.Stop(t)
+	t.Logf("stopped in %v", time.Since(began).Round(time.Millisecond))
+	if n.Running() {
+		t.Fatal("Running after Stop")
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("open connection not closed by Stop")
+	}
+	if c, err := amqp.Dial(b.URL); err == nil {
+		c.Close()
+		t.Fatal("a new connection succeeded while the node was stopped")
+	}
+	n.Stop(t) // a stopped node is left alone
+
+	began = time.Now()
+	n.Start(t)
+	t.Logf("started again in %v", time.Since(began).Round(time.Millisecond))
+	conn2, err := amqp.Dial(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	ch2, err := conn2.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, ok, err := ch2.Get(b.Queue, true)
+	if err != nil || !ok {
+		t.Fatalf("get from %s after the restart: ok %v, %v", b.Queue, ok, err)
+	}
+	if msg.MessageId != "survivor" || string(msg.Body) != "kept" {
+		t.Fatalf("got message %q %q after the restart", msg.MessageId, msg.Body)
+	}
+	// The exchange survived too: a mandatory publish is routed, not returned.
+	if err := ch2.ExchangeDeclarePassive(b.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatalf("exchange %s gone after the restart: %v", b.Exchange, err)
+	}
+}
+
+// The node does not disturb the shared broker: both answer at once.
+func TestRabbitNodeBesideSharedBroker(t *testing.T) {
+	shared := testenv.RabbitMQ(t)
+	n := testenv.StartRabbitMQ(t)
+	for _, url := range []string{shared.URL, n.URL()} {
+		c, err := amqp.Dial(url)
+		if err != nil {
+			t.Fatalf("dial %s: %v", url, err)
+		}
+		c.Close()
+	}
+}
