@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 	driver "github.com/go-sql-driver/mysql"
@@ -140,22 +141,48 @@ func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 			Problem: fmt.Sprintf("server id %d is the server's own @@server_id", cfg.ServerID),
 			Fix:     "choose another --server-id, unique among the server and its replicas and binlog clients"}
 	}
-	replicas, stmt, err := replicaHosts(ctx, db)
-	if err != nil {
-		log.Warn("preflight: server id clash with other replicas not checked: listing them needs "+
-			"REPLICATION MASTER ADMIN (MariaDB) or REPLICATION SLAVE (MySQL); make sure --server-id is unique by hand",
-			zap.Error(err))
-		return nil
-	}
-	for _, r := range replicas {
-		if r["server_id"] == strconv.FormatUint(uint64(cfg.ServerID), 10) {
-			return &PreflightError{Check: CheckServerID,
-				Problem: fmt.Sprintf("server id %d is used by a connected replica or binlog client (%s: host %q port %s)",
-					cfg.ServerID, stmt, r["host"], r["port"]),
-				Fix: "choose another --server-id, or stop the other client (two clients with one id disconnect each other)"}
+	// A relay restarted right after a crash finds its own dead binlog
+	// connection still registered under its id: the server only notices the
+	// dead peer when a heartbeat write fails. So a clash counts only when it
+	// outlasts two heartbeat periods; a live client keeps its registration.
+	deadline := time.Now().Add(2*cfg.HeartbeatPeriod + time.Second)
+	for {
+		clash, err := serverIDClash(ctx, db, cfg.ServerID)
+		if err != nil {
+			log.Warn("preflight: server id clash with other replicas not checked: listing them needs "+
+				"REPLICATION MASTER ADMIN (MariaDB) or REPLICATION SLAVE (MySQL); make sure --server-id is unique by hand",
+				zap.Error(err))
+			return nil
+		}
+		if clash == nil || time.Now().After(deadline) {
+			return clash
+		}
+		log.Info("preflight: server id in use by a registered binlog client; waiting to see whether it is a stale connection",
+			zap.Uint32("server_id", cfg.ServerID))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
 		}
 	}
-	return nil
+}
+
+// serverIDClash returns a *PreflightError when a registered replica or
+// binlog client uses id.
+func serverIDClash(ctx context.Context, db *sql.DB, id uint32) (error, error) {
+	replicas, stmt, err := replicaHosts(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range replicas {
+		if r["server_id"] == strconv.FormatUint(uint64(id), 10) {
+			return &PreflightError{Check: CheckServerID,
+				Problem: fmt.Sprintf("server id %d is used by a connected replica or binlog client (%s: host %q port %s)",
+					id, stmt, r["host"], r["port"]),
+				Fix: "choose another --server-id, or stop the other client (two clients with one id disconnect each other)"}, nil
+		}
+	}
+	return nil, nil
 }
 
 // replicaHosts lists the registered replicas with the first statement the

@@ -152,3 +152,27 @@ func truncate(s string, n int) string {
 	}
 	return s[:n]
 }
+
+// SetMode records a mode change and its reason in the progress row (mode,
+// last_error) for `status` and operators. An empty mode records only the
+// reason: binlog mode is written by the acknowledgements themselves, once
+// the poll → binlog handover is complete, so a crash in between repeats the
+// handover instead of trusting an old position.
+func (s *Store) SetMode(ctx context.Context, epoch int64, mode, reason string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress SET mode = COALESCE(?, mode), last_error = ?
+		WHERE relay_name = ? AND epoch = ?`, nullIfEmpty(mode), truncate(reason, 1024), s.cfg.RelayName, epoch)
+	if err != nil {
+		return fmt.Errorf("record mode %q of relay %q: %w", mode, s.cfg.RelayName, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		// Zero rows also when nothing changed; tell the two apart.
+		var cur int64
+		if err := s.db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?", s.cfg.RelayName).Scan(&cur); err != nil {
+			return fmt.Errorf("record mode %q of relay %q: %w", mode, s.cfg.RelayName, err)
+		}
+		if cur != epoch {
+			return ErrFenced
+		}
+	}
+	return nil
+}

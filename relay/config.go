@@ -21,6 +21,13 @@ type Config struct {
 	DefaultExchange string // exchange for rows whose exchange is ''
 	OnDelivered     string // checkpoint.Delete (default) or checkpoint.Mark
 
+	Mode                string        // ModeAuto (default), ModeBinlog or ModePoll
+	FallbackAfter       time.Duration // auto: binlog trouble this long (database answering) → poll; default 30s
+	BinlogRetryInterval time.Duration // auto, polling: how often the binlog is probed again; default 30s
+	PollInterval        time.Duration // poll: an idle worker's wait between rounds; default 100ms
+	PollBatch           int           // poll: rows a worker claims per transaction; default 500
+	PollWorkers         int           // poll: workers; default 4
+
 	MaxInflightBytes int64 // default 64 MiB
 	Lanes            int   // publishing lanes (AMQP channels); default 16
 	ConfirmWindow    int   // unconfirmed messages per lane; default 256
@@ -33,6 +40,9 @@ type Config struct {
 
 	Instance string // leader_instance; default host:pid
 	Logger   *zap.Logger
+	// OnMode, if set, is told each mode a leader term enters (binlog or
+	// poll) and why, from the relay's goroutine; it must not block.
+	OnMode func(mode, reason string)
 }
 
 // ConfigError is a configuration or server-setup problem that retrying will
@@ -74,6 +84,15 @@ func (c *Config) Validate() error {
 	default:
 		return bad("on-delivered %q: want %q or %q", c.OnDelivered, checkpoint.Delete, checkpoint.Mark)
 	}
+	switch c.Mode {
+	case "":
+		c.Mode = ModeAuto
+	case ModeAuto, ModeBinlog, ModePoll:
+	default:
+		return bad("mode %q: want %s, %s or %s", c.Mode, ModeAuto, ModeBinlog, ModePoll)
+	}
+	setDefault(&c.FallbackAfter, 30*time.Second)
+	setDefault(&c.BinlogRetryInterval, 30*time.Second)
 	setDefault(&c.MaxInflightBytes, 64<<20)
 	setDefault(&c.Lanes, 16)
 	setDefault(&c.ConfirmWindow, 256)

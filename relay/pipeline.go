@@ -31,11 +31,21 @@ type pipeline struct {
 	queues    []chan *laneItem
 	channels  []*publish.Channel
 	publisher *publish.Publisher
+	watch     *troubleWatch
+	fallback  atomic.Value // string: why binlog mode gave way to polling
 	mode      atomic.Value // string stored with acknowledgements: "poll" until the handover window closes
 
 	ackMu      sync.Mutex
 	pendingAck ordering.Batch[canal.Position]
 	lastAck    time.Time
+
+	// Shutdown stops reading at a transaction boundary: a transaction whose
+	// rows were handed to lanes is read to its end first, so a clean stop
+	// leaves none half published (its rows would be published again).
+	txnMu      sync.Mutex
+	inTxn      bool // rows of the transaction being read were handed over
+	stopping   bool
+	cancelRead context.CancelFunc
 }
 
 type laneItem struct {
@@ -43,8 +53,10 @@ type laneItem struct {
 	msg publish.Message
 }
 
-// lead runs one leader term.
-func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
+// runBinlog runs binlog mode for (the rest of) a leader term. It returns a
+// switch to poll mode when an auto relay cannot read the binlog: then, as at
+// shutdown, it first waits for in-flight confirms and acknowledges them.
+func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*modeSwitch, error) {
 	// pubCtx outlives ctx by the shutdown grace so in-flight confirms can
 	// finish; it dies at once when leadership is lost.
 	pubCtx, cancelPub := context.WithCancel(context.WithoutCancel(ctx))
@@ -56,7 +68,9 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 		case <-pubCtx.Done():
 		}
 	}()
-	readCtx, cancelRead := context.WithCancel(ctx)
+	// readCtx does not end with ctx: on shutdown reading stops at the next
+	// transaction boundary (stopReading), or after ShutdownTimeout.
+	readCtx, cancelRead := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRead()
 	go func() {
 		select {
@@ -68,14 +82,11 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 
 	progress, err := r.store.Load(readCtx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	publisher, err := publish.New(pubCtx, publish.Config{
-		URL: r.cfg.AMQPURL, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
-		Logger: r.log.Named("publish"),
-	})
+	publisher, err := r.newPublisher(pubCtx)
 	if err != nil {
-		return fmt.Errorf("connect to RabbitMQ: %w", err)
+		return nil, err
 	}
 	defer publisher.Close()
 
@@ -83,11 +94,16 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 		r: r, epoch: leader.Epoch(), publisher: publisher,
 		tracker: ordering.New[canal.Position](r.cfg.MaxInflightBytes),
 		lanes:   ordering.NewLanes(r.cfg.Lanes),
-		lastAck: time.Now(),
+		lastAck: time.Now(), cancelRead: cancelRead,
 	}
 	p.mode.Store("binlog")
+	p.watch = &troubleWatch{r: r, stop: func(reason string) {
+		p.fallback.Store(reason)
+		cancelRead()
+	}}
+	go p.stopReading(ctx, readCtx)
 	if err := p.openLanes(); err != nil {
-		return err
+		return nil, err
 	}
 	laneDone := make(chan error, len(p.queues))
 	for i := range p.queues {
@@ -105,12 +121,19 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 	if !shuttingDown && readErr == nil {
 		readErr = leader.Err()
 	}
+	fallback, _ := p.fallback.Load().(string)
+	if fallback == "" && leader.Err() == nil {
+		fallback = r.fallbackReason(readErr)
+	}
+	if fallback != "" {
+		r.log.Warn("binlog mode stopped; finishing in-flight confirms, then polling", zap.String("reason", fallback))
+	}
 
 	// Drain: on shutdown wait (bounded) for the confirms of everything
 	// published, then acknowledge it. Otherwise stop at once: what is not
 	// acknowledged is published again by the next term.
-	if shuttingDown {
-		r.log.Info("shutting down: waiting for in-flight confirms")
+	if shuttingDown || fallback != "" {
+		r.log.Info("stopping binlog mode: waiting for in-flight confirms")
 		waitCtx, cancel := context.WithTimeout(pubCtx, r.cfg.ShutdownTimeout)
 		if err := p.tracker.WaitIdle(waitCtx); err != nil {
 			m, b := p.tracker.Inflight()
@@ -127,16 +150,15 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 	for range p.queues {
 		<-laneDone
 	}
-	if shuttingDown {
-		if ackErr != nil {
-			return ackErr
-		}
-		return nil
+	switch {
+	case shuttingDown:
+		return nil, ackErr
+	case fallback != "" && ackErr == nil:
+		return &modeSwitch{to: ModePoll, reason: fallback}, nil
+	case readErr == nil:
+		return nil, ackErr
 	}
-	if readErr == nil {
-		readErr = ackErr
-	}
-	return readErr
+	return nil, readErr
 }
 
 func (p *pipeline) openLanes() error {
@@ -177,6 +199,56 @@ func (p *pipeline) runLane(ctx context.Context, i int) error {
 	return nil
 }
 
+// stopReading ends reading when ctx ends: at once between transactions,
+// else when the transaction being read commits, or after ShutdownTimeout.
+func (p *pipeline) stopReading(ctx, readCtx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-readCtx.Done():
+		return
+	}
+	p.txnMu.Lock()
+	p.stopping = true
+	now := !p.inTxn
+	p.txnMu.Unlock()
+	if now {
+		p.cancelRead()
+		return
+	}
+	t := time.NewTimer(p.r.cfg.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		p.r.log.Warn("shutdown: the transaction being read did not end within the shutdown timeout; " +
+			"its rows published so far will be published again on restart")
+		p.cancelRead()
+	case <-readCtx.Done():
+	}
+}
+
+// enterTxn is called for each row read; false when shutdown has begun
+// between transactions (reading has been stopped).
+func (p *pipeline) enterTxn() bool {
+	p.txnMu.Lock()
+	defer p.txnMu.Unlock()
+	if p.stopping && !p.inTxn {
+		return false
+	}
+	p.inTxn = true
+	return true
+}
+
+// leaveTxn is called after each transaction; on shutdown it stops reading.
+func (p *pipeline) leaveTxn() {
+	p.txnMu.Lock()
+	stop := p.stopping
+	p.inTxn = false
+	p.txnMu.Unlock()
+	if stop {
+		p.cancelRead()
+	}
+}
+
 // dispatch hands one row to its lane. A row that cannot become an AMQP
 // message is resolved at once as failed: it goes to outbox_failed and its
 // partition moves on.
@@ -198,6 +270,10 @@ func (p *pipeline) dispatch(ctx context.Context, rec *outbox.Record) error {
 	case p.queues[p.lanes.For(rec.PartitionKey)] <- &laneItem{tk: tk, msg: msg}:
 		return nil
 	case <-ctx.Done():
+		// Never handed to a lane, so never published; resolve its ticket
+		// so WaitIdle does not wait for it. Its transaction is never
+		// acknowledged: Row fails, so the tailer stops before its Commit.
+		p.tracker.Done(tk, false, "not published: reading stopped")
 		return ctx.Err()
 	}
 }
@@ -286,10 +362,13 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		if err != nil {
 			return fmt.Errorf("read the server's binlog position: %w", err)
 		}
-		st := progress.Position
-		swept, err := p.sweep(ctx, canal.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)})
+		drainer, err := r.newPoller(p.publisher, p.epoch)
 		if err != nil {
 			return err
+		}
+		swept, err := drainer.Drain(ctx)
+		if err != nil {
+			return fmt.Errorf("deliver pending rows before tailing: %w", err)
 		}
 		ge, err := canal.CurrentPosition(ctx, r.db)
 		if err != nil {
@@ -309,10 +388,12 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		st := progress.Position
 		from = canal.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)}
 		if err := canal.CheckPosition(ctx, r.db, from); err != nil {
-			return err
+			return positionError(err)
 		}
 	}
-	tailer, err := canal.New(r.canal)
+	cc := r.canal
+	cc.OnRetry = p.watch.onRetry
+	tailer, err := canal.New(cc)
 	if err != nil {
 		return &ConfigError{err}
 	}
@@ -322,6 +403,18 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	err = tailer.Run(ctx, from, h)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
+	}
+	return positionError(err)
+}
+
+// positionError makes a purged or diverged checkpoint a setup error (exit 2
+// in --mode binlog, design §4.1): restarting cannot bring the position back.
+// In auto mode it sends the relay to poll mode instead (fallbackReason).
+func positionError(err error) error {
+	var purged *canal.PurgedError
+	var diverged *canal.DivergedError
+	if errors.As(err, &purged) || errors.As(err, &diverged) {
+		return &ConfigError{err}
 	}
 	return err
 }
@@ -335,6 +428,10 @@ type handler struct {
 }
 
 func (h *handler) Row(ctx context.Context, rec *outbox.Record) error {
+	if !h.p.enterTxn() {
+		h.p.cancelRead()
+		return context.Canceled
+	}
 	if !rec.Due(time.Now()) {
 		// Delayed: left pending in the table, not acknowledged, and it
 		// does not hold back its partition.
@@ -365,6 +462,7 @@ func (h *handler) Commit(ctx context.Context, pos canal.Position, rows int) erro
 		}
 	}
 	h.p.tracker.Commit(pos)
+	h.p.leaveTxn()
 	return nil
 }
 

@@ -26,8 +26,13 @@ type Relay struct {
 	store *checkpoint.Store
 	canal canal.Config
 
-	tailing atomic.Bool // leading, and reading the binlog past the first-start sweep
+	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
+	polling atomic.Bool  // leading in poll mode
+	mode    atomic.Value // string: the mode of the current term
 }
+
+// Polling reports whether the relay leads in poll mode.
+func (r *Relay) Polling() bool { return r.polling.Load() }
 
 // Tailing reports whether the relay leads and is reading the binlog live: any
 // row committed from now on is published from the binlog stream.
@@ -89,6 +94,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.preflight(ctx); err != nil {
 		return err
 	}
+	r.mode.Store("")
 	backoff := newBackoff(200*time.Millisecond, 10*time.Second)
 	for {
 		leader, err := r.store.Acquire(ctx)
@@ -151,6 +157,9 @@ func (r *Relay) preflight(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("connect to MySQL %s: %w", r.canal.Host, err)
+	}
+	if r.cfg.Mode != ModeBinlog {
+		return nil // auto falls back to polling; poll needs no binlog
 	}
 	if err := canal.Preflight(ctx, r.db, r.canal); err != nil {
 		return &ConfigError{err}

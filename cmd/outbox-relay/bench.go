@@ -33,7 +33,7 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	var modes string
 	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3308)/bench", "binlog-enabled MySQL/MariaDB `dsn`; its outbox is emptied")
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ `url`")
-	fs.StringVar(&modes, "modes", "binlog", "comma-separated relay modes to measure")
+	fs.StringVar(&modes, "modes", "binlog,poll", "comma-separated relay modes to measure side by side")
 	fs.Float64Var(&cfg.Rate, "rate", 500, "messages per second in the latency phase")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase")
 	fs.IntVar(&cfg.Backlog, "backlog", 200_000, "messages in the catch-up backlog")

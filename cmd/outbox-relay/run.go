@@ -27,7 +27,11 @@ and publishes every committed outbox row with publisher confirms, in commit
 order per partition key. The acknowledged position is stored in
 outbox_relay_progress in the same database. SIGTERM or Ctrl-C: stop reading,
 wait for in-flight confirms (--shutdown-timeout), acknowledge, exit 0.
-A server that cannot serve binlog mode exits with code 2 and names the fix.`,
+With --mode auto (the default) a server that cannot serve the binlog (binlog
+off, grants missing, checkpoint purged) is polled with FOR UPDATE SKIP LOCKED
+instead, and the binlog is probed again every --binlog-retry-interval; the
+handover back delivers every pending row exactly once. With --mode binlog such a
+server exits with code 2 and a message naming the fix.`,
 		setup: setupRun,
 	})
 }
@@ -43,6 +47,12 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.UintVar(&serverID, "server-id", 0, "replica server `id` the relay reads the binlog as; unique among the server's replicas (0 = derived from --relay-name)")
 	fs.StringVar(&cfg.DefaultExchange, "default-exchange", "", "`exchange` for rows whose exchange column is empty")
 	fs.StringVar(&cfg.OnDelivered, "on-delivered", "delete", "what happens to a delivered row: delete or mark (sets delivered_at)")
+	fs.StringVar(&cfg.Mode, "mode", "auto", "auto (binlog when the server serves it, else poll), binlog, or poll")
+	fs.DurationVar(&cfg.FallbackAfter, "fallback-after", 30*time.Second, "auto: binlog trouble lasting this long while the database answers switches to poll mode")
+	fs.DurationVar(&cfg.BinlogRetryInterval, "binlog-retry-interval", 30*time.Second, "auto: while polling, how often the binlog is probed again")
+	fs.DurationVar(&cfg.PollInterval, "poll-interval", 100*time.Millisecond, "poll: how long an idle worker waits before polling again")
+	fs.IntVar(&cfg.PollBatch, "poll-batch", 500, "poll: rows one worker claims per transaction")
+	fs.IntVar(&cfg.PollWorkers, "poll-workers", 4, "poll: workers, each with its own AMQP channel")
 	fs.Var(&maxInflight, "max-inflight-bytes", "`bytes` of messages read but not yet confirmed (e.g. 64MiB); when full, reading stops")
 	fs.IntVar(&cfg.Lanes, "lanes", 16, "publishing lanes (AMQP channels); rows of one partition key share a lane")
 	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", 256, "unconfirmed messages per lane")

@@ -27,7 +27,7 @@ type Config struct {
 	MySQLDSN      string // a binlog-enabled server; its database is emptied
 	AMQPURL       string
 	RelayBinary   string   // the outbox-relay executable to run
-	Modes         []string // relay modes to measure: "binlog" (and "poll" once it exists)
+	Modes         []string // relay modes to measure side by side: "binlog", "poll"
 	Rate          float64  // messages per second in the latency phase; default 500
 	Duration      time.Duration
 	Backlog       int
@@ -61,7 +61,7 @@ func (c *Config) Validate() error {
 		c.ConfirmWindow = 256
 	}
 	if len(c.Modes) == 0 {
-		c.Modes = []string{"binlog"}
+		c.Modes = []string{"binlog", "poll"}
 	}
 	return nil
 }
@@ -371,10 +371,7 @@ type relayProc struct {
 func (b *bencher) startRelay(ctx context.Context, mode string) (*relayProc, error) {
 	args := []string{"run", "--mysql-dsn", b.cfg.MySQLDSN, "--amqp-url", b.cfg.AMQPURL,
 		"--relay-name", relayName, "--default-exchange", exchangeName, "--log-format", "console",
-		"--confirm-window", fmt.Sprint(b.cfg.ConfirmWindow)}
-	if mode != "binlog" {
-		args = append(args, "--mode", mode)
-	}
+		"--confirm-window", fmt.Sprint(b.cfg.ConfirmWindow), "--mode", mode}
 	cmd := exec.CommandContext(ctx, b.cfg.RelayBinary, args...)
 	b.logs.Reset()
 	cmd.Stdout, cmd.Stderr = b.logs, b.logs

@@ -10,13 +10,24 @@
 --   uq_message_id         message_id is the identity; unique, so a producer
 --                         bug that reuses an id fails loudly at insert, and
 --                         lookups by message id are cheap.
---   idx_partition_id      (partition_key, id): the poller's head-of-line
---                         query takes MIN(id) GROUP BY partition_key (a loose
---                         index scan over this index) and then reads a claimed
---                         partition's following rows in id order.
---   idx_available_at      (available_at): the due-time sweep for delayed
---                         messages looks only at rows with available_at set.
--- The poller issue refines these with EXPLAIN.
+--   idx_partition_id      (partition_key, id): a claimed partition's
+--                         following rows, read in id order from its head
+--                         (the poller's follower query forces this index).
+--   idx_head              (partition_key, delivered_at, available_at, id):
+--                         the poller's head-of-line query. MIN(id) GROUP BY
+--                         partition_key with delivered_at IS NULL AND
+--                         available_at IS NULL is a loose index scan here
+--                         (one dive per partition, "Using index for
+--                         group-by"): about 3 ms for 1,000 partitions over a
+--                         200,000-row backlog instead of 580 ms for the same
+--                         query on idx_partition_id, which must read every
+--                         row to test the due condition. Rows with
+--                         partition_key '' are read in id order from it.
+--   idx_due               (delivered_at, available_at): pending rows that
+--                         are due — the poller's delayed-but-due heads, the
+--                         due-time sweep — without reading rows already
+--                         marked delivered (--on-delivered=mark).
+-- docs/poller.md has the EXPLAIN output.
 CREATE TABLE IF NOT EXISTS {{.Table}} (
     id            BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
     message_id    BINARY(16)      NOT NULL,
@@ -35,5 +46,6 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     PRIMARY KEY (id),
     UNIQUE KEY uq_message_id (message_id),
     KEY idx_partition_id (partition_key, id),
-    KEY idx_available_at (available_at)
+    KEY idx_head (partition_key, delivered_at, available_at, id),
+    KEY idx_due (delivered_at, available_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

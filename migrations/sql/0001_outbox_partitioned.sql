@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     PRIMARY KEY (id, created_at),
     KEY idx_message_id (message_id),
     KEY idx_partition_id (partition_key, id),
-    KEY idx_available_at (available_at)
+    KEY idx_head (partition_key, delivered_at, available_at, id),
+    KEY idx_due (delivered_at, available_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 PARTITION BY RANGE COLUMNS(created_at) (
 {{.Partitions}}

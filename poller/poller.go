@@ -1,0 +1,616 @@
+package poller
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/ordering"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/publish"
+)
+
+// finishTimeout bounds the acknowledgement and commit of a round whose
+// messages all have their Result when the caller's context ends: the round
+// is finished rather than thrown away (which would publish it again), but
+// a stuck database does not hold shutdown up for longer than this.
+const finishTimeout = 10 * time.Second
+
+// maxBackoff bounds the wait between Run's retries after a failed round.
+const maxBackoff = 5 * time.Second
+
+// Poller delivers pending outbox rows by polling (design §5). It holds no
+// mutable state of its own: Run and Drain may be called any number of
+// times, even at once, and each call owns the workers it starts.
+type Poller struct {
+	db        *sql.DB
+	pub       *publish.Publisher
+	store     *checkpoint.Store
+	relayName string
+	epoch     int64
+	cfg       Config
+	q         queries
+	log       *zap.Logger
+}
+
+// New returns a poller that claims rows through db, publishes them on
+// channels of pub with x-relay-epoch epoch, and acknowledges them with
+// store.AckRows fenced by epoch. cfg.Table and cfg.OnDelivered must agree
+// with the store's configuration (it deletes or marks the rows); empty
+// ones are taken from it.
+//
+// db needs no particular session settings: times are compared with
+// UTC_TIMESTAMP(6) and scanned as UTC with or without parseTime. Each worker
+// uses one connection at a time, so the pool should allow cfg.Workers open
+// connections besides what the rest of the relay needs.
+func New(db *sql.DB, pub *publish.Publisher, store *checkpoint.Store, epoch int64, cfg Config) (*Poller, error) {
+	if db == nil || pub == nil || store == nil {
+		return nil, errors.New("poller: New needs a database, a publisher and a checkpoint store")
+	}
+	sc := store.Config()
+	if cfg.Table == "" {
+		cfg.Table = sc.Table
+	}
+	if cfg.OnDelivered == "" {
+		cfg.OnDelivered = sc.OnDelivered
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Table != sc.Table || cfg.OnDelivered != sc.OnDelivered {
+		return nil, fmt.Errorf("poller config: table %q on-delivered %q, but the checkpoint store acknowledges table %q with %q",
+			cfg.Table, cfg.OnDelivered, sc.Table, sc.OnDelivered)
+	}
+	return &Poller{
+		db: db, pub: pub, store: store, relayName: sc.RelayName, epoch: epoch, cfg: cfg,
+		q:   queries{table: "`" + cfg.Table + "`"},
+		log: cfg.Logger.With(zap.String("table", cfg.Table), zap.Int64("epoch", epoch)),
+	}, nil
+}
+
+// Config returns the validated configuration.
+func (p *Poller) Config() Config { return p.cfg }
+
+// Run polls with cfg.Workers workers until ctx ends, and returns nil then,
+// or the first fatal error, after stopping every worker: checkpoint.ErrFenced
+// (wrapped; match with errors.Is) when the progress row moved to a newer
+// epoch — leadership is lost and nothing more was acknowledged — or an error
+// no retry can fix (missing table, column or index, access denied, the
+// publisher closed). Other failures (database or broker unreachable,
+// deadlock) abandon the round, are logged, and the worker retries with
+// backoff. On ctx end a worker finishes its round if every message of it has
+// its Result, else rolls it back (those rows are published again later:
+// at-least-once).
+func (p *Poller) Run(ctx context.Context) error {
+	_, err := p.workers(ctx, func(ctx context.Context, w *worker) (int, error) { return w.run(ctx) })
+	if ctx.Err() != nil && (err == nil || errors.Is(err, ctx.Err())) {
+		return nil
+	}
+	return err
+}
+
+// Drain delivers every pending, due row as Run would, with cfg.Workers
+// workers, and returns how many rows it took out of the pending set
+// (published and acknowledged, including rows moved to outbox_failed).
+// It considers the rows up to the largest id present when it starts: rows
+// inserted after that may be delivered too but are not waited for, so a
+// drain ends under a steady stream of new rows. A worker stops when its
+// candidate query finds no pending due row left; while candidates exist but
+// other transactions hold them, it looks again when another worker commits
+// (at the latest after cfg.Interval), so a row someone else holds is not
+// silently left behind. Delayed rows
+// (available_at in the future) are left pending.
+//
+// Unlike Run, Drain retries only lock conflicts (deadlock, lock wait
+// timeout); it gives up on any other error (ctx's included) and returns it
+// with the count so far. Rows of an abandoned round stay pending.
+// Used for the poll → binlog handover (design §5) and the first start.
+func (p *Poller) Drain(ctx context.Context) (int, error) {
+	var maxID uint64
+	if err := p.db.QueryRowContext(ctx, p.q.maxID()).Scan(&maxID); err != nil {
+		return 0, fmt.Errorf("drain %s: read the largest id: %w", p.cfg.Table, err)
+	}
+	if maxID == 0 {
+		return 0, nil
+	}
+	return p.workers(ctx, func(ctx context.Context, w *worker) (int, error) { return w.drain(ctx, maxID) })
+}
+
+// workers runs body on cfg.Workers workers, each with its own publish
+// channel, until all return; the first error cancels the others and is
+// returned with the sum of their counts.
+func (p *Poller) workers(ctx context.Context, body func(context.Context, *worker) (int, error)) (int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		total    int
+		firstErr error
+		cur      cursor
+		commits  = newCommits()
+	)
+	for i := range p.cfg.Workers {
+		w := &worker{p: p, id: i, cur: &cur, commits: commits, log: p.log.With(zap.Int("worker", i))}
+		ch, err := p.pub.NewChannel(w.onResult)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return total, fmt.Errorf("poller worker %d: %w", i, err)
+		}
+		w.ch = ch
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer ch.Close()
+			n, err := body(ctx, w)
+			mu.Lock()
+			defer mu.Unlock()
+			total += n
+			if err != nil && firstErr == nil {
+				firstErr = err
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	return total, firstErr
+}
+
+// worker owns one publish channel and runs one round at a time on it.
+type worker struct {
+	p       *Poller
+	id      int
+	ch      *publish.Channel
+	cur     *cursor  // shared with the call's other workers
+	commits *commits // shared with the call's other workers
+	log     *zap.Logger
+}
+
+// item is a claimed row and, after the flush, its Result.
+type item struct {
+	rec *outbox.Record
+	res publish.Result
+	bad string // why it could not be published; "" when it was
+}
+
+// onResult is the channel's callback. It writes the Result into the item
+// the message was tagged with; the round reads it only after Flush, which
+// returns after the callback did.
+func (w *worker) onResult(r publish.Result) {
+	if it, ok := r.Tag.(*item); ok {
+		it.res = r
+	}
+}
+
+// run is one Run worker: rounds until ctx ends or a fatal error.
+func (w *worker) run(ctx context.Context) (int, error) {
+	total, failures := 0, 0
+	for {
+		commit := w.commits.next()
+		n, found, err := w.round(ctx, w.cur, 0)
+		total += n
+		if ctx.Err() != nil {
+			return total, nil
+		}
+		switch {
+		case err != nil && fatal(err):
+			return total, err
+		case err != nil:
+			failures++
+			wait := backoff(w.p.cfg.Interval, failures)
+			w.log.Warn("poll round failed; retrying", zap.Error(err), zap.Int("failures", failures),
+				zap.Duration("retry_in", wait))
+			if !sleep(ctx, wait) {
+				return total, nil
+			}
+		case !found:
+			failures = 0
+			if !sleep(ctx, w.p.cfg.Interval) {
+				return total, nil
+			}
+		case n == 0:
+			// Everything due is held by other workers: go again when one
+			// of them commits (at the latest after an interval).
+			failures = 0
+			if !waitCommit(ctx, commit, w.p.cfg.Interval) {
+				return total, nil
+			}
+		default:
+			failures = 0
+		}
+	}
+}
+
+// drain is one Drain worker.
+func (w *worker) drain(ctx context.Context, maxID uint64) (int, error) {
+	total, conflicts := 0, 0
+	for {
+		commit := w.commits.next()
+		n, found, err := w.round(ctx, w.cur, maxID)
+		total += n
+		if err != nil && lockConflict(err) && ctx.Err() == nil {
+			conflicts++
+			w.log.Info("drain round hit a lock conflict; retrying", zap.Error(err))
+			if !sleep(ctx, backoff(w.p.cfg.Interval, conflicts)) {
+				return total, ctx.Err()
+			}
+			continue
+		}
+		if err != nil {
+			return total, err
+		}
+		conflicts = 0
+		if !found {
+			return total, nil
+		}
+		if n == 0 && !waitCommit(ctx, commit, w.p.cfg.Interval) {
+			return total, ctx.Err()
+		}
+	}
+}
+
+// cursor is where the next round's candidate query starts in partition
+// key order; shared by the workers of one Run or Drain, so that with many
+// partitions they look at different ones and all get their turn.
+type cursor struct {
+	mu  sync.Mutex
+	key string
+}
+
+func (c *cursor) get() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.key
+}
+
+func (c *cursor) set(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.key = key
+}
+
+// commits lets the workers of one Run or Drain wait for each other: a
+// worker whose candidates were all held by other workers waits until one of
+// them commits (which frees those partitions) rather than a whole interval.
+type commits struct {
+	mu sync.Mutex
+	ch chan struct{} // closed and replaced at every commit
+}
+
+func newCommits() *commits { return &commits{ch: make(chan struct{})} }
+
+// next returns a channel closed at the next commit after the call.
+func (c *commits) next() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ch
+}
+
+func (c *commits) done() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	close(c.ch)
+	c.ch = make(chan struct{})
+}
+
+// waitCommit waits until commit is closed, d has passed or ctx ends; false
+// when ctx ended.
+func waitCommit(ctx context.Context, commit <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-commit:
+		return true
+	case <-t.C:
+		return true
+	}
+}
+
+// candidates returns the ids a round may claim, oldest first, at most
+// Batch*(Workers+1): enough that the rows other workers hold cannot use
+// them all up. It reads from the shared cursor on, and from the start
+// again if that finds nothing, so an empty result means no pending due row
+// (up to maxID) at all.
+func (w *worker) candidates(ctx context.Context, cur *cursor, maxID uint64) ([]uint64, error) {
+	p := w.p
+	limit := p.cfg.Batch * (p.cfg.Workers + 1)
+	for {
+		from := cur.get()
+		q, args := p.q.candidates(from, limit, maxID)
+		cands, err := readCandidates(ctx, p.db, q, args...)
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1176 {
+			return nil, fmt.Errorf("find pending rows of %s: the table lacks an index the poller needs "+
+				"(idx_head, idx_partition_id, idx_due of migrations/sql/0001_outbox.sql): %w", p.cfg.Table, err)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("find pending rows of %s: %w", p.cfg.Table, err)
+		}
+		ids, next := heads(cands, limit)
+		cur.set(next)
+		if len(ids) > 0 || from == "" {
+			return ids, nil
+		}
+	}
+}
+
+// round runs one round: find candidates (outside any transaction); if there
+// are some, claim, publish, flush, acknowledge, fence and commit in one READ
+// COMMITTED transaction. It returns how many rows it acknowledged and
+// whether there were candidates at all.
+func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked int, found bool, err error) {
+	p := w.p
+	t0 := time.Now()
+	ids, err := w.candidates(ctx, cur, maxID)
+	if err != nil {
+		return 0, false, err
+	}
+	if len(ids) == 0 {
+		return 0, false, nil
+	}
+
+	// The transaction outlives ctx so that a round whose messages are all
+	// confirmed can still commit at shutdown; its statements take ctx (or
+	// the bounded finish context), and cancelling one breaks the
+	// connection, which rolls the transaction back.
+	tx, err := p.db.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return 0, true, fmt.Errorf("begin poll transaction: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+
+	recs, err := claim(ctx, tx, p.q, ids, p.cfg.Batch)
+	if err != nil {
+		return 0, true, fmt.Errorf("claim partition heads in %s: %w", p.cfg.Table, err)
+	}
+	if len(recs) == 0 {
+		return 0, true, nil // every candidate is held by someone else
+	}
+	var claimedHeads []*outbox.Record
+	for _, r := range recs {
+		if r.PartitionKey != "" {
+			claimedHeads = append(claimedHeads, r)
+		}
+	}
+	if room := p.cfg.Batch - len(recs); room > 0 && len(claimedHeads) > 0 {
+		more, err := followers(ctx, tx, p.q, claimedHeads, room, maxID)
+		if err != nil {
+			return 0, true, fmt.Errorf("claim the following rows of %d partitions in %s: %w",
+				len(claimedHeads), p.cfg.Table, err)
+		}
+		recs = append(recs, more...)
+	}
+	slices.SortFunc(recs, func(a, b *outbox.Record) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+
+	t1 := time.Now()
+	items, err := w.publish(ctx, recs)
+	if err != nil {
+		return 0, true, err
+	}
+	t2 := time.Now()
+
+	failed := outcome(items)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	if err := p.ack(fctx, tx, recs, failed); err != nil {
+		return 0, true, err
+	}
+	if err := fence(fctx, tx, p.relayName, p.epoch); err != nil {
+		return 0, true, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, true, fmt.Errorf("commit poll round of %d rows: %w", len(recs), err)
+	}
+	committed = true
+	w.commits.done()
+	if len(failed) > 0 {
+		w.log.Warn("moved undeliverable rows to outbox_failed", zap.Int("rows", len(failed)))
+	}
+	t3 := time.Now()
+	w.log.Debug("poll round committed", zap.Int("rows", len(recs)), zap.Int("failed", len(failed)),
+		zap.Duration("claim", t1.Sub(t0)), zap.Duration("publish", t2.Sub(t1)), zap.Duration("ack", t3.Sub(t2)))
+	return len(recs), true, nil
+}
+
+// claim locks up to limit of ids (sorted) that are pending, due and not
+// held by another transaction, oldest first, by primary key.
+func claim(ctx context.Context, tx *sql.Tx, q queries, ids []uint64, limit int) ([]*outbox.Record, error) {
+	var recs []*outbox.Record
+	for len(ids) > 0 && len(recs) < limit {
+		chunk := ids[:min(len(ids), maxClaimIDs)]
+		ids = ids[len(chunk):]
+		got, err := readRecords(ctx, tx, q.claim(chunk, limit-len(recs)))
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, got...)
+	}
+	return recs, nil
+}
+
+// followers claims up to limit pending due rows that follow the heads in
+// their partitions: it lists them without locks, locks them by primary key,
+// and keeps of each partition the rows up to the first one it could not
+// lock, so a partition's rows go out without a gap. (No other round can
+// hold a row of a partition whose head this round holds, so a gap means a
+// foreign lock; the rows after it stay locked, unpublished, until commit,
+// and a later round takes them.)
+func followers(ctx context.Context, tx *sql.Tx, q queries, heads []*outbox.Record, limit int, maxID uint64) ([]*outbox.Record, error) {
+	query, args := q.followers(heads, limit, maxID)
+	listed, err := readCandidates(ctx, tx, query, args...)
+	if err != nil || len(listed) == 0 {
+		return nil, err
+	}
+	ids := make([]uint64, len(listed))
+	for i, c := range listed {
+		ids[i] = c.id
+	}
+	slices.Sort(ids)
+	locked, err := claim(ctx, tx, q, ids, len(ids))
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[uint64]*outbox.Record, len(locked))
+	for _, r := range locked {
+		byID[r.ID] = r
+	}
+	var (
+		out []*outbox.Record
+		cut = map[string]bool{}
+	)
+	for _, c := range listed { // per partition in id order
+		r := byID[c.id]
+		if r == nil || cut[c.key] {
+			cut[c.key] = true
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// publish sends recs in order on the worker's channel and waits until every
+// one has its Result. A row FromRecord or Publish refuses is not sent and
+// gets bad set instead. An error means the round must be abandoned: ctx
+// ended or the publisher is closed; Results are unknown then.
+func (w *worker) publish(ctx context.Context, recs []*outbox.Record) ([]*item, error) {
+	p := w.p
+	items := make([]*item, len(recs))
+	for i, rec := range recs {
+		it := &item{rec: rec}
+		items[i] = it
+		m, err := publish.FromRecord(rec, p.cfg.DefaultExchange, p.epoch, false)
+		if err == nil {
+			m.Tag = it
+			m.Size = rec.Size()
+			err = w.ch.Publish(ctx, m)
+		}
+		var bad *publish.BadRecordError
+		switch {
+		case errors.As(err, &bad):
+			it.bad = bad.Reason
+		case err != nil:
+			return nil, fmt.Errorf("publish row %d: %w", rec.ID, err)
+		}
+	}
+	if err := w.ch.Flush(ctx); err != nil {
+		return nil, fmt.Errorf("wait for the broker's confirms of %d rows: %w", len(recs), err)
+	}
+	return items, nil
+}
+
+// outcome returns the rows of a flushed round that go to outbox_failed,
+// with their reason: rows that could not be published as they are, and
+// rows the broker returned or rejected.
+func outcome(items []*item) []ordering.Failure {
+	var failed []ordering.Failure
+	for _, it := range items {
+		switch {
+		case it.bad != "":
+			failed = append(failed, ordering.Failure{Record: it.rec, Reason: it.bad})
+		case it.res.Outcome != publish.Confirmed:
+			failed = append(failed, ordering.Failure{Record: it.rec, Reason: fmt.Sprintf("%s: %s", it.res.Outcome, it.res.Reason)})
+		}
+	}
+	return failed
+}
+
+// ack acknowledges a round's rows in tx: store.AckRows copies the failed
+// ones to outbox_failed, then every row is deleted (or marked delivered)
+// by primary key (queries.ack says why the poller issues that statement
+// itself rather than passing the ids to AckRows, whose range DELETE can
+// lock rows of other workers).
+func (p *Poller) ack(ctx context.Context, tx *sql.Tx, recs []*outbox.Record, failed []ordering.Failure) error {
+	if len(failed) > 0 {
+		if err := p.store.AckRows(ctx, tx, nil, failed); err != nil {
+			return err
+		}
+	}
+	ids := make([]uint64, len(recs))
+	for i, r := range recs {
+		ids[i] = r.ID
+	}
+	mark := p.cfg.OnDelivered == checkpoint.Mark
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), maxClaimIDs)]
+		ids = ids[len(chunk):]
+		if _, err := tx.ExecContext(ctx, p.q.ack(chunk, mark)); err != nil {
+			return fmt.Errorf("acknowledge %d rows of %s (%s): %w", len(chunk), p.cfg.Table, p.cfg.OnDelivered, err)
+		}
+	}
+	return nil
+}
+
+// fatal reports whether retrying cannot help: leadership lost, the
+// publisher closed, or the schema or grants are wrong.
+func fatal(err error) bool {
+	if errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, publish.ErrClosed) {
+		return true
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case 1044, 1045, 1142, 1143, // access denied (database, user, table, column)
+			1046, 1049, // no database selected, unknown database
+			1054, 1146, // unknown column, unknown table
+			1176: // FORCE INDEX names an index the table lacks: run migrate
+			return true
+		}
+	}
+	return false
+}
+
+// lockConflict reports a deadlock or lock wait timeout: the round was
+// rolled back and can simply run again.
+func lockConflict(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
+}
+
+// backoff is the wait before retry n (1, 2, ...): doubling from base up to
+// maxBackoff, with jitter so workers spread out.
+func backoff(base time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n && d < maxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, maxBackoff)
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits d or until ctx ends; false when ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

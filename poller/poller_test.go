@@ -1,0 +1,367 @@
+package poller_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/validator"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/poller"
+)
+
+// 20,000 messages over 200 partitions from 8 concurrent producers, one-row
+// and 500-row transactions mixed, polled by 4 workers while they are
+// written: each arrives exactly once, in commit order per partition, equal
+// to its row; the outbox ends empty (or all marked) and nothing failed.
+func TestRunDeliversEveryMessageOnceInOrder(t *testing.T) {
+	for _, mode := range []string{checkpoint.Delete, checkpoint.Mark} {
+		t.Run(mode, func(t *testing.T) {
+			e := setup(t, mode)
+			v := consume(t, e.broker)
+			stop, _ := run(t, e.poller(t, func(c *poller.Config) { c.Workers = 4 }))
+			ctx := testContext(t, 4*time.Minute)
+
+			produce(ctx, t, e, v, load{producers: 8, partitions: 200, total: 20_000, bigTxn: 500, bigShare: 0.5})
+			if err := v.WaitComplete(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if mode == checkpoint.Mark {
+				waitRows(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL", 0)
+				waitRows(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox", 20_000)
+			} else {
+				waitRows(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox", 0)
+			}
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if err := v.Check(validator.ExactlyOnce); err != nil {
+				t.Fatal(err)
+			}
+			if n := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox_failed"); n != 0 {
+				t.Fatalf("%d rows in outbox_failed", n)
+			}
+		})
+	}
+}
+
+// arrival records when each message id arrived on the test's queue.
+func arrivals(t *testing.T, url, queue string) func() map[string]time.Time {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(queue, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu  sync.Mutex
+		got = map[string]time.Time{}
+	)
+	go func() {
+		for d := range deliveries {
+			mu.Lock()
+			if _, dup := got[d.MessageId]; dup {
+				t.Errorf("message %s arrived twice", d.MessageId)
+			}
+			got[d.MessageId] = time.Now()
+			mu.Unlock()
+		}
+	}()
+	return func() map[string]time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make(map[string]time.Time, len(got))
+		for k, v := range got {
+			out[k] = v
+		}
+		return out
+	}
+}
+
+// A partition [A due, B delayed 2s, C due]: A and C arrive at once, B does
+// not hold C back, and B arrives once its time has come.
+func TestDelayedRowDoesNotBlockItsPartition(t *testing.T) {
+	e := setup(t, checkpoint.Delete)
+	got := arrivals(t, e.broker.URL, e.broker.Queue)
+	run(t, e.poller(t, nil))
+	ctx := testContext(t, time.Minute)
+
+	start := time.Now()
+	availableAt := start.Add(2 * time.Second)
+	ids, err := outbox.Enqueue(ctx, e.db.SQL,
+		outbox.Message{PartitionKey: "order-1", RoutingKey: "a", Payload: []byte(`"A"`)},
+		outbox.Message{PartitionKey: "order-1", RoutingKey: "b", Payload: []byte(`"B"`), AvailableAt: availableAt},
+		outbox.Message{PartitionKey: "order-1", RoutingKey: "c", Payload: []byte(`"C"`)},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := ids[0].String(), ids[1].String(), ids[2].String()
+	for len(got()) < 3 {
+		if ctx.Err() != nil {
+			t.Fatalf("arrived: %v", got())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	at := got()
+	t.Logf("A after %v, C after %v, B after %v (available after %v)",
+		at[a].Sub(start), at[c].Sub(start), at[b].Sub(start), availableAt.Sub(start))
+	if at[a].Sub(start) > time.Second || at[c].Sub(start) > time.Second {
+		t.Errorf("A or C not delivered promptly")
+	}
+	if !at[c].After(at[a]) {
+		t.Errorf("C arrived before A")
+	}
+	// available_at is stored with microseconds; the broker hop only adds.
+	if at[b].Before(availableAt) {
+		t.Errorf("B arrived %v before its time", availableAt.Sub(at[b]))
+	}
+	if at[b].Sub(availableAt) > time.Second {
+		t.Errorf("B arrived %v after its time", at[b].Sub(availableAt))
+	}
+}
+
+// Rows with an empty partition_key are claimed by several workers at once and all
+// delivered exactly once.
+func TestEmptyPartitionKeyRowsSpreadOverWorkers(t *testing.T) {
+	e := setup(t, checkpoint.Delete)
+	v := consume(t, e.broker)
+	ctx := testContext(t, 2*time.Minute)
+	produce(ctx, t, e, v, load{producers: 4, total: 6_000, bigTxn: 500, bigShare: 0.9, noKey: true})
+
+	core, logs := observer.New(zap.DebugLevel)
+	run(t, e.poller(t, func(c *poller.Config) { c.Workers = 4; c.Batch = 100; c.Logger = zap.New(core) }))
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox", 0)
+	for _, entry := range logs.FilterLevelExact(zap.WarnLevel).All() {
+		t.Logf("%s %v", entry.Message, entry.ContextMap())
+	}
+	{
+		var typ, name, status string
+		_ = e.pool.QueryRowContext(ctx, "SHOW ENGINE INNODB STATUS").Scan(&typ, &name, &status)
+		if i := strings.Index(status, "LATEST DETECTED DEADLOCK"); i >= 0 {
+			status = status[i:]
+			if j := strings.Index(status, "TRANSACTIONS\n"); j > 0 {
+				status = status[:j]
+			}
+			t.Log(status)
+		}
+	}
+	rows := map[int64]int64{}
+	for _, entry := range logs.FilterMessage("poll round committed").All() {
+		f := entry.ContextMap()
+		rows[f["worker"].(int64)] += f["rows"].(int64)
+	}
+	t.Logf("rows per worker: %v", rows)
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) < 2 {
+		t.Fatalf("rows per worker %v: want them spread over several workers", rows)
+	}
+}
+
+// Drain empties a 10,000-row backlog and says so.
+func TestDrainEmptiesTheTable(t *testing.T) {
+	e := setup(t, checkpoint.Delete)
+	v := consume(t, e.broker)
+	ctx := testContext(t, 2*time.Minute)
+	produce(ctx, t, e, v, load{producers: 4, partitions: 300, total: 10_000, bigTxn: 1000, bigShare: 0.9})
+
+	n, err := e.poller(t, nil).Drain(ctx)
+	if err != nil {
+		var typ, name, status string
+		_ = e.pool.QueryRowContext(ctx, "SHOW ENGINE INNODB STATUS").Scan(&typ, &name, &status)
+		if i := strings.Index(status, "LATEST DETECTED DEADLOCK"); i >= 0 {
+			status = status[i:]
+			if j := strings.Index(status, "TRANSACTIONS\n"); j > 0 {
+				status = status[:j]
+			}
+		}
+		t.Log(status)
+		t.Fatalf("Drain: %v", err)
+	}
+	if n != 10_000 {
+		t.Fatalf("Drain delivered %d, want 10000", n)
+	}
+	if left := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox"); left != 0 {
+		t.Fatalf("%d rows left", left)
+	}
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing pending: a second drain has nothing to do.
+	if n, err := e.poller(t, nil).Drain(ctx); n != 0 || err != nil {
+		t.Fatalf("second Drain: %d, %v", n, err)
+	}
+}
+
+// A new epoch in the progress row stops Run with checkpoint.ErrFenced, and
+// nothing is acknowledged after that.
+func TestRunStopsWhenFenced(t *testing.T) {
+	e := setup(t, checkpoint.Delete)
+	ctx := testContext(t, 2*time.Minute)
+	bulkLoad(ctx, t, e.pool, 20_000, 100)
+	stop, done := run(t, e.poller(t, func(c *poller.Config) { c.Batch = 100 }))
+
+	waitBelow := func(n int) {
+		for count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox") > n {
+			if ctx.Err() != nil {
+				t.Fatal("poller made no progress")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitBelow(19_000)
+	if _, err := e.pool.ExecContext(ctx, "UPDATE outbox_relay_progress SET epoch = epoch + 1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not stop within 30s of the epoch bump")
+	}
+	if err := stop(); !errors.Is(err, checkpoint.ErrFenced) {
+		t.Fatalf("Run: %v, want checkpoint.ErrFenced", err)
+	}
+	left := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox")
+	time.Sleep(time.Second)
+	if after := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox"); after != left || left == 0 {
+		t.Fatalf("rows left %d, a second later %d: want the same, above zero", left, after)
+	}
+}
+
+// An idle poller sends one statement per interval per worker, counted with
+// the server's Questions status (this test binary's private server, and no
+// other test runs meanwhile).
+func TestIdlePollerSendsOneStatementPerInterval(t *testing.T) {
+	e := setup(t, checkpoint.Mark)
+	ctx := testContext(t, time.Minute)
+	// A delivered row and a delayed one: present, but nothing to do.
+	if _, err := outbox.Enqueue(ctx, e.db.SQL,
+		outbox.Message{PartitionKey: "x", RoutingKey: "r", Payload: []byte("1")},
+		outbox.Message{PartitionKey: "x", RoutingKey: "r", Payload: []byte("2"), AvailableAt: time.Now().Add(time.Hour)},
+	); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.ExecContext(ctx, "UPDATE outbox SET delivered_at = NOW(6) WHERE available_at IS NULL"); err != nil {
+		t.Fatal(err)
+	}
+	const (
+		workers  = 4
+		interval = 50 * time.Millisecond
+		window   = 2 * time.Second
+	)
+	run(t, e.poller(t, func(c *poller.Config) { c.Workers = workers; c.Interval = interval }))
+	time.Sleep(300 * time.Millisecond)
+
+	questions := func() int {
+		var name string
+		var n int
+		if err := e.pool.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE 'Questions'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := questions()
+	start := time.Now()
+	time.Sleep(window)
+	delta := questions() - before - 1 // the second SHOW counts itself
+	if rows, err := e.pool.QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name LIKE 'Com\\_%' AND Value > 0"); err == nil {
+		for rows.Next() {
+			var k, v string
+			rows.Scan(&k, &v)
+			t.Log(k, v)
+		}
+		rows.Close()
+	}
+	elapsed := time.Since(start)
+	rounds := int(elapsed / interval)
+	t.Logf("%d statements in %v from %d workers polling every %v (%d intervals)", delta, elapsed, workers, interval, rounds)
+	if delta > workers*(rounds+1) {
+		t.Fatalf("%d statements, want at most one per interval per worker (%d)", delta, workers*(rounds+1))
+	}
+	// Each idle round takes a little longer than the interval (its query);
+	// fewer than half would mean the workers are not polling at all.
+	if delta < workers*rounds/2 {
+		t.Fatalf("%d statements, want about %d", delta, workers*rounds)
+	}
+	if n := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL"); n != 1 {
+		t.Fatalf("%d undelivered rows, want the delayed one", n)
+	}
+}
+
+// A row that cannot be published (headers not a JSON object) and one the
+// broker returns (unroutable) go to outbox_failed; their partition moves on.
+func TestUndeliverableRowsGoToFailed(t *testing.T) {
+	e := setup(t, checkpoint.Delete)
+	v := consume(t, e.broker)
+	ctx := testContext(t, time.Minute)
+	ids, err := outbox.Enqueue(ctx, e.db.SQL,
+		outbox.Message{PartitionKey: "o", RoutingKey: "a", Payload: []byte("1")},
+		outbox.Message{PartitionKey: "o", Exchange: "amq.direct", RoutingKey: "nowhere", Payload: []byte("2")},
+		outbox.Message{PartitionKey: "o", RoutingKey: "b", Payload: []byte("3")},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.SQL.ExecContext(ctx, `INSERT INTO outbox (message_id, partition_key, routing_key, headers, payload)
+		VALUES (UNHEX(REPLACE(UUID(), '-', '')), 'o', 'c', '[1,2]', '4')`); err != nil {
+		t.Fatal(err)
+	}
+	last, err := outbox.Enqueue(ctx, e.db.SQL, outbox.Message{PartitionKey: "o", RoutingKey: "d", Payload: []byte("5")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []outbox.MessageID{ids[0], ids[2], last[0]} {
+		v.Expect(validator.Expected{ID: id, PartitionKey: "o", Exchange: e.broker.Exchange, RoutingKey: map[outbox.MessageID]string{
+			ids[0]: "a", ids[2]: "b", last[0]: "d"}[id], Payload: map[outbox.MessageID][]byte{ids[0]: []byte("1"), ids[2]: []byte("3"), last[0]: []byte("5")}[id]})
+	}
+	n, err := e.poller(t, nil).Drain(ctx)
+	if err != nil || n != 5 {
+		t.Fatalf("Drain: %d, %v; want 5", n, err)
+	}
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := e.pool.QueryContext(ctx, "SELECT routing_key, error FROM outbox_failed ORDER BY outbox_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var failed []string
+	for rows.Next() {
+		var rk, reason string
+		if err := rows.Scan(&rk, &reason); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("failed %s: %s", rk, reason)
+		failed = append(failed, rk)
+	}
+	if len(failed) != 2 || failed[0] != "nowhere" || failed[1] != "c" {
+		t.Fatalf("outbox_failed holds %v, want [nowhere c]", failed)
+	}
+}

@@ -1,0 +1,338 @@
+package poller
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// RecordColumns is the select list ScanRecord reads, in its order. Readers
+// of whole outbox rows (the relay's pending-row checks) use the pair so the
+// column list and the scan stay in one place.
+const RecordColumns = "id, message_id, partition_key, exchange, routing_key, message_type, headers, payload, " +
+	"content_type, created_at, available_at"
+
+// Scanner is *sql.Rows or *sql.Row.
+type Scanner interface {
+	Scan(dest ...any) error
+}
+
+// ScanRecord reads one row selected with RecordColumns. DATETIME values are
+// taken as UTC, whether the pool parses times (parseTime=true, loc=UTC) or
+// hands them over as text.
+func ScanRecord(s Scanner) (*outbox.Record, error) {
+	var (
+		rec                outbox.Record
+		messageID, headers []byte
+		created, available utcTime
+	)
+	if err := s.Scan(&rec.ID, &messageID, &rec.PartitionKey, &rec.Exchange, &rec.RoutingKey,
+		&rec.MessageType, &headers, &rec.Payload, &rec.ContentType, &created, &available); err != nil {
+		return nil, err
+	}
+	if len(messageID) != len(rec.MessageID) {
+		return nil, fmt.Errorf("row %d: message_id is %d bytes, want %d", rec.ID, len(messageID), len(rec.MessageID))
+	}
+	copy(rec.MessageID[:], messageID)
+	rec.Headers = headers
+	rec.CreatedAt, rec.AvailableAt = created.t, available.t
+	return &rec, nil
+}
+
+// utcTime scans a DATETIME(6) column as UTC; NULL leaves the zero time.
+type utcTime struct{ t time.Time }
+
+func (u *utcTime) Scan(v any) error {
+	switch v := v.(type) {
+	case nil:
+		u.t = time.Time{}
+	case time.Time:
+		u.t = v.UTC()
+	case []byte:
+		return u.parse(string(v))
+	case string:
+		return u.parse(v)
+	default:
+		return fmt.Errorf("DATETIME value of type %T", v)
+	}
+	return nil
+}
+
+func (u *utcTime) parse(s string) error {
+	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
+	if err != nil {
+		return fmt.Errorf("parse DATETIME %q: %w", s, err)
+	}
+	u.t = t
+	return nil
+}
+
+// queries holds the SQL of a round, built once from the table name.
+//
+// Pending is "delivered_at IS NULL" in both modes: the relay never sets
+// delivered_at in delete mode, and a row an earlier mark-mode run marked
+// counts as delivered whatever the mode is now. The condition is also what
+// lets the head query use idx_head as a loose index scan.
+//
+// Due is tested with UTC_TIMESTAMP(6), not NOW(6): available_at is stored in
+// UTC, and UTC_TIMESTAMP does not depend on the session's time_zone.
+type queries struct {
+	table string // backquoted
+}
+
+const due = "(available_at IS NULL OR available_at <= UTC_TIMESTAMP(6))"
+
+// bound restricts a statement to ids up to maxID (Drain); 0 means none.
+func bound(maxID uint64) string { return boundOn("id", maxID) }
+
+func boundOn(column string, maxID uint64) string {
+	if maxID == 0 {
+		return ""
+	}
+	return " AND " + column + " <= " + strconv.FormatUint(maxID, 10)
+}
+
+// candidate is one row of the candidates statement.
+type candidate struct {
+	id     uint64
+	key    string // partition_key
+	branch int    // 1 for the cursor branch (heads over immediate rows)
+}
+
+// candidates returns the statement (and its arguments) that lists the ids
+// a round may claim. It takes no locks, and with an empty cursor it has no
+// placeholders, so an idle round is one COM_QUERY. Four branches:
+//
+//  1. For up to limit partitions with partition_key > cursor, in key
+//     order: MIN(id) over pending rows with available_at NULL. A loose
+//     index scan over idx_head ("Using index for group-by"): one dive per
+//     partition, stopping after limit partitions, so its cost does not grow
+//     with the number of partitions in the backlog.
+//  2. For every partition with pending delayed rows that are now due
+//     (read through idx_due; as many as such rows): the smaller of their
+//     MIN(id) and the partition's MIN(id) over pending immediate rows (one
+//     idx_head dive), so such a partition's head is right even when it lies
+//     outside branch 1's key range.
+//  3. and 4. The oldest pending due rows with an empty partition_key, immediate
+//     and delayed, at most limit each.
+//
+// The caller takes each partition's smallest id over branches 1 and 2: its
+// head, the oldest pending due row.
+func (q queries) candidates(cursor string, limit int, maxID uint64) (string, []any) {
+	l, b, t := strconv.Itoa(limit), bound(maxID), q.table
+	var args []any
+	after := "partition_key <> ''"
+	if cursor != "" {
+		after = "partition_key > ?"
+		args = append(args, cursor)
+	}
+	return "(SELECT MIN(id) AS id, partition_key, 1 AS branch FROM " + t + " FORCE INDEX (idx_head)" +
+		" WHERE " + after + " AND delivered_at IS NULL AND available_at IS NULL" + b +
+		" GROUP BY partition_key ORDER BY partition_key LIMIT " + l + ")" +
+		" UNION ALL " +
+		"(SELECT LEAST(MIN(d.id), COALESCE((SELECT i.id FROM " + t + " i FORCE INDEX (idx_head)" +
+		" WHERE i.partition_key = d.partition_key AND i.delivered_at IS NULL AND i.available_at IS NULL" +
+		boundOn("i.id", maxID) + " ORDER BY i.id LIMIT 1), d.id)), d.partition_key, 2 FROM " + t + " d" +
+		" WHERE d.partition_key <> '' AND d.delivered_at IS NULL AND d.available_at <= UTC_TIMESTAMP(6)" +
+		boundOn("d.id", maxID) + " GROUP BY d.partition_key)" +
+		" UNION ALL " +
+		"(SELECT id, partition_key, 3 FROM " + t + " WHERE partition_key = '' AND delivered_at IS NULL AND available_at IS NULL" + b +
+		" ORDER BY id LIMIT " + l + ")" +
+		" UNION ALL " +
+		"(SELECT id, partition_key, 4 FROM " + t + " WHERE partition_key = '' AND delivered_at IS NULL AND available_at <= UTC_TIMESTAMP(6)" + b +
+		" ORDER BY id LIMIT " + l + ")", args
+}
+
+// heads turns the candidates statement's rows into the ids to claim, oldest
+// first: per partition the smallest id of branches 1 and 2, and every
+// row with an empty partition_key — at most limit. It also returns where the
+// next round's branch 1 starts: after the last partition this one listed
+// when branch 1 was cut short by its limit, else from the start.
+func heads(cands []candidate, limit int) (ids []uint64, cursor string) {
+	head := map[string]uint64{}
+	inBranch1 := 0
+	for _, c := range cands {
+		if c.branch == 1 {
+			inBranch1++
+			cursor = c.key
+		}
+		if c.key == "" {
+			ids = append(ids, c.id)
+			continue
+		}
+		if h, ok := head[c.key]; !ok || c.id < h {
+			head[c.key] = c.id
+		}
+	}
+	if inBranch1 < limit {
+		cursor = ""
+	}
+	for _, id := range head {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids[:min(len(ids), limit)], cursor
+}
+
+// claim returns the statement that locks, oldest first and at most limit,
+// those of ids that are still pending and due and that no other
+// transaction holds. A head another worker holds is skipped, which hides
+// its whole partition: this worker saw no later row of it as a candidate.
+// The ids are inlined (they are integers the database gave us), so the
+// statement needs no prepare round trip. Callers pass at most
+// maxClaimIDs: from 1,000 values on (in_predicate_conversion_threshold)
+// MariaDB turns an IN list into a table value constructor joined to the
+// table and sorted, which reads and locks every listed row before the
+// LIMIT; below that the list is a PRIMARY range read in id order that stops
+// at the LIMIT.
+func (q queries) claim(ids []uint64, limit int) string {
+	var b strings.Builder
+	b.WriteString("SELECT " + RecordColumns + " FROM " + q.table + " FORCE INDEX (PRIMARY) WHERE id IN (")
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(id, 10))
+	}
+	b.WriteString(") AND delivered_at IS NULL AND " + due + " ORDER BY id LIMIT " + strconv.Itoa(limit) +
+		" FOR UPDATE SKIP LOCKED")
+	return b.String()
+}
+
+// followers returns the statement (and its arguments) that lists, without
+// locking, the pending due rows after the given heads in their partitions,
+// at most limit, in (partition_key, id) order. That order is
+// idx_partition_id's, so the scan reads no more index entries than it
+// returns (ORDER BY id alone would sort every pending row of the claimed
+// partitions first).
+//
+// The round then locks the listed ids with claim, by primary key. Locking
+// in this statement instead would be wrong: a locking range scan also locks
+// the index record just past each range — the next partition's first row,
+// another worker's — so that worker's SKIP LOCKED would skip a row in the
+// middle of its partition (order broken), and its DELETE would wait on the
+// lock (deadlocks). Point lookups by primary key lock exactly the rows
+// named.
+func (q queries) followers(heads []*outbox.Record, limit int, maxID uint64) (string, []any) {
+	var b strings.Builder
+	args := make([]any, 0, 2*len(heads))
+	b.WriteString("SELECT id, partition_key FROM " + q.table + " FORCE INDEX (idx_partition_id) WHERE (")
+	for i, h := range heads {
+		if i > 0 {
+			b.WriteString(" OR ")
+		}
+		b.WriteString("(partition_key = ? AND id > ?)")
+		args = append(args, h.PartitionKey, h.ID)
+	}
+	b.WriteString(") AND delivered_at IS NULL AND " + due + bound(maxID) +
+		" ORDER BY partition_key, id LIMIT " + strconv.Itoa(limit))
+	return b.String(), args
+}
+
+// ack returns the statement that deletes (or marks delivered) the rows
+// with the given ids, by primary key. FORCE INDEX (PRIMARY) matters: with
+// statistics from when the table was nearly empty (a queue table's normal
+// life) the optimizer may pick a full scan for an IN list, and a full-scan
+// DELETE waits for the row locks of every other worker's round in progress
+// — the workers deadlock. The multi-table DELETE form is the one that takes
+// an index hint on MySQL and MariaDB alike.
+func (q queries) ack(ids []uint64, mark bool) string {
+	var b strings.Builder
+	if mark {
+		b.WriteString("UPDATE " + q.table + " FORCE INDEX (PRIMARY) SET delivered_at = NOW(6) WHERE id IN (")
+	} else {
+		b.WriteString("DELETE " + q.table + " FROM " + q.table + " FORCE INDEX (PRIMARY) WHERE id IN (")
+	}
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(id, 10))
+	}
+	b.WriteString(")")
+	if mark {
+		b.WriteString(" AND delivered_at IS NULL")
+	}
+	return b.String()
+}
+
+// maxClaimIDs is the most ids one claim or ack statement lists.
+const maxClaimIDs = 900
+
+const fenceQuery = "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ? LOCK IN SHARE MODE"
+
+func (q queries) maxID() string { return "SELECT COALESCE(MAX(id), 0) FROM " + q.table }
+
+// querier is *sql.DB or *sql.Tx.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// readCandidates runs a candidates or followers statement; followers rows
+// have no branch column.
+func readCandidates(ctx context.Context, db querier, query string, args ...any) ([]candidate, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var cands []candidate
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var c candidate
+		dest := []any{&c.id, &c.key, &c.branch}
+		if err := rows.Scan(dest[:len(cols)]...); err != nil {
+			return nil, err
+		}
+		cands = append(cands, c)
+	}
+	return cands, rows.Err()
+}
+
+// readRecords runs a locking select of RecordColumns in tx.
+func readRecords(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]*outbox.Record, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var recs []*outbox.Record
+	for rows.Next() {
+		rec, err := ScanRecord(rows)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	return recs, rows.Err()
+}
+
+// fence checks, inside tx and holding a shared lock on the progress row
+// until the commit, that the row's epoch is still epoch: a new leader's
+// epoch bump waits for this transaction, and this transaction does not
+// commit under a newer epoch. checkpoint.ErrFenced when it moved.
+func fence(ctx context.Context, tx *sql.Tx, relayName string, epoch int64) error {
+	var current int64
+	err := tx.QueryRowContext(ctx, fenceQuery, relayName).Scan(&current)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("fence: relay %q has no progress row: %w", relayName, checkpoint.ErrFenced)
+	}
+	if err != nil {
+		return fmt.Errorf("fence: read epoch of relay %q: %w", relayName, err)
+	}
+	if current != epoch {
+		return fmt.Errorf("fence: relay %q is at epoch %d, this poller at %d: %w", relayName, current, epoch, checkpoint.ErrFenced)
+	}
+	return nil
+}

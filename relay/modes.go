@@ -1,0 +1,218 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/canal"
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/poller"
+	"github.com/outbox-relay/outbox-relay/publish"
+)
+
+// The modes of --mode.
+const (
+	ModeAuto   = "auto"   // binlog when the server allows it, else poll; switch as it changes
+	ModeBinlog = "binlog" // binlog only: a server that cannot serve it is a configuration error
+	ModePoll   = "poll"   // the SKIP LOCKED poller only
+)
+
+// modeSwitch asks the leader term to continue in another mode.
+type modeSwitch struct{ to, reason string }
+
+// lead runs one leader term: it picks the mode and runs it, switching
+// between binlog and poll as the server allows, until shutdown, leadership
+// loss or a fatal error.
+func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
+	mode, reason := r.startMode(ctx)
+	for {
+		r.log.Info("mode", zap.String("mode", mode), zap.String("reason", reason))
+		r.mode.Store(mode)
+		if r.cfg.OnMode != nil {
+			r.cfg.OnMode(mode, reason)
+		}
+		stored := ""
+		if mode == ModePoll {
+			// Stored at once: a restart after polling must run the poll →
+			// binlog handover rather than trust the old binlog position.
+			stored = ModePoll
+		}
+		if err := r.store.SetMode(ctx, leader.Epoch(), stored, "mode "+mode+": "+reason); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		var (
+			next *modeSwitch
+			err  error
+		)
+		if mode == ModePoll {
+			next, err = r.runPoll(ctx, leader)
+		} else {
+			next, err = r.runBinlog(ctx, leader)
+		}
+		if err != nil || next == nil {
+			return err
+		}
+		mode, reason = next.to, next.reason
+	}
+}
+
+// startMode picks the first mode of a term.
+func (r *Relay) startMode(ctx context.Context) (mode, reason string) {
+	switch r.cfg.Mode {
+	case ModePoll:
+		return ModePoll, "--mode poll"
+	case ModeBinlog:
+		return ModeBinlog, "--mode binlog"
+	}
+	if err := canal.Preflight(ctx, r.db, r.canal); err != nil {
+		return ModePoll, "binlog unavailable: " + err.Error()
+	}
+	return ModeBinlog, "the server serves the binlog"
+}
+
+// fallbackReason says whether err from the binlog pipeline should send an
+// auto relay to poll mode, and why. These are the errors retrying the
+// binlog cannot fix but polling can work around.
+func (r *Relay) fallbackReason(err error) string {
+	if r.cfg.Mode != ModeAuto || err == nil {
+		return ""
+	}
+	var (
+		purged   *canal.PurgedError
+		diverged *canal.DivergedError
+		access   *canal.AccessError
+		pre      *canal.PreflightError
+		cfgErr   *ConfigError
+	)
+	switch {
+	case errors.As(err, &purged), errors.As(err, &diverged), errors.As(err, &access),
+		errors.As(err, &pre), errors.As(err, &cfgErr):
+		return err.Error()
+	}
+	return ""
+}
+
+// troubleWatch decides, from the tailer's reconnect attempts, when binlog
+// trouble has lasted longer than --fallback-after while the database still
+// answers; it then calls stop once with the reason.
+type troubleWatch struct {
+	r     *Relay
+	stop  func(reason string)
+	mu    sync.Mutex
+	since time.Time
+	fired bool
+}
+
+func (w *troubleWatch) onRetry(err error, attempt int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if attempt == 1 || w.since.IsZero() {
+		w.since = time.Now()
+	}
+	if w.fired || w.r.cfg.Mode != ModeAuto || time.Since(w.since) < w.r.cfg.FallbackAfter {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if w.r.db.PingContext(ctx) != nil {
+		return // the database is down too: polling would not help
+	}
+	w.fired = true
+	w.stop(fmt.Sprintf("binlog unreadable for %s while the database answers: %v",
+		time.Since(w.since).Round(time.Second), err))
+}
+
+// runPoll delivers with the poller until shutdown or leadership loss; in auto
+// mode it re-probes the binlog every --binlog-retry-interval and hands over
+// to binlog mode when the server serves it again.
+func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSwitch, error) {
+	pollCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-leader.Lost():
+			cancel()
+		case <-pollCtx.Done():
+		}
+	}()
+	publisher, err := r.newPublisher(pollCtx)
+	if err != nil {
+		return nil, err
+	}
+	defer publisher.Close()
+	p, err := r.newPoller(publisher, leader.Epoch())
+	if err != nil {
+		return nil, err
+	}
+	r.tailing.Store(false)
+	r.polling.Store(true)
+	defer r.polling.Store(false)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(pollCtx) }()
+
+	var probe <-chan time.Time
+	if r.cfg.Mode == ModeAuto {
+		t := time.NewTicker(r.cfg.BinlogRetryInterval)
+		defer t.Stop()
+		probe = t.C
+	}
+	for {
+		select {
+		case err := <-done:
+			if lost := leader.Err(); lost != nil && ctx.Err() == nil {
+				return nil, lost
+			}
+			if ctx.Err() != nil {
+				return nil, nil
+			}
+			return nil, err
+		case <-probe:
+			if err := canal.Preflight(pollCtx, r.db, r.canal); err != nil {
+				r.log.Debug("binlog still unavailable", zap.Error(err))
+				continue
+			}
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				return nil, err
+			}
+			if lost := leader.Err(); lost != nil {
+				return nil, lost
+			}
+			if ctx.Err() != nil {
+				return nil, nil
+			}
+			return &modeSwitch{to: ModeBinlog, reason: "the binlog is readable again"}, nil
+		}
+	}
+}
+
+func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
+	pub, err := publish.New(ctx, publish.Config{
+		URL: r.cfg.AMQPURL, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
+		Logger: r.log.Named("publish"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
+	}
+	return pub, nil
+}
+
+func (r *Relay) newPoller(pub *publish.Publisher, epoch int64) (*poller.Poller, error) {
+	p, err := poller.New(r.db, pub, r.store, epoch, poller.Config{
+		Table: r.cfg.Table, OnDelivered: r.cfg.OnDelivered, Interval: r.cfg.PollInterval,
+		Batch: r.cfg.PollBatch, Workers: r.cfg.PollWorkers, DefaultExchange: r.cfg.DefaultExchange,
+		Logger: r.log.Named("poller"),
+	})
+	if err != nil {
+		return nil, &ConfigError{err}
+	}
+	return p, nil
+}
