@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
 // Config is the relay's configuration; zero values take the defaults below.
@@ -40,6 +41,8 @@ type Config struct {
 
 	Instance string // leader_instance; default host:pid
 	Logger   *zap.Logger
+	// Metrics receives the relay's figures; nil records nothing.
+	Metrics *metrics.Metrics
 	// OnMode, if set, is told each mode a leader term enters (binlog or
 	// poll) and why, from the relay's goroutine; it must not block.
 	OnMode func(mode, reason string)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -33,6 +35,10 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 	for {
 		r.log.Info("mode", zap.String("mode", mode), zap.String("reason", reason))
 		r.mode.Store(mode)
+		r.cfg.Metrics.SetMode(mode)
+		if mode == ModePoll {
+			r.cfg.Metrics.SetRetentionHeadroom(math.NaN()) // no binlog position to lose
+		}
 		if r.cfg.OnMode != nil {
 			r.cfg.OnMode(mode, reason)
 		}
@@ -197,7 +203,8 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 	pub, err := publish.New(ctx, publish.Config{
 		URL: r.cfg.AMQPURL, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
-		Logger: r.log.Named("publish"),
+		Logger:      r.log.Named("publish"),
+		OnReconnect: func() { r.cfg.Metrics.Reconnected(metrics.TargetAMQP) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/ordering"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -35,9 +36,13 @@ type pipeline struct {
 	fallback  atomic.Value // string: why binlog mode gave way to polling
 	mode      atomic.Value // string stored with acknowledgements: "poll" until the handover window closes
 
-	ackMu      sync.Mutex
-	pendingAck ordering.Batch[canal.Position]
-	lastAck    time.Time
+	ackMu       sync.Mutex
+	pendingAck  ordering.Batch[canal.Position]
+	lastAck     time.Time
+	ackedPos    canal.Position // the stored position, after the last acknowledgement
+	lastEventAt time.Time      // created_at of the newest acknowledged row
+
+	lastHeadroom time.Time // acker goroutine only
 
 	// Shutdown stops reading at a transaction boundary: a transaction whose
 	// rows were handed to lanes is read to its end first, so a clean stop
@@ -177,11 +182,17 @@ func (p *pipeline) openLanes() error {
 
 func (p *pipeline) onResult(res publish.Result) {
 	tk := res.Tag.(*ticket)
+	rec := tk.Record()
 	if res.Outcome == publish.Confirmed {
+		p.r.cfg.Metrics.Delivered(rec.CreatedAt, time.Now())
 		p.tracker.Done(tk, true, "")
 		return
 	}
-	rec := tk.Record()
+	if res.Outcome == publish.Rejected {
+		p.r.cfg.Metrics.PublishFailed(metrics.ReasonNacked)
+	} else {
+		p.r.cfg.Metrics.PublishFailed(metrics.ReturnReason(res.Code))
+	}
 	p.r.log.Warn("message not delivered, recording it in outbox_failed",
 		zap.String("message_id", rec.MessageID.String()), zap.Uint64("id", rec.ID), zap.String("reason", res.Reason))
 	p.tracker.Done(tk, false, res.Reason)
@@ -261,6 +272,7 @@ func (p *pipeline) dispatch(ctx context.Context, rec *outbox.Record) error {
 	if err != nil {
 		p.r.log.Warn("row cannot be published, recording it in outbox_failed",
 			zap.String("message_id", rec.MessageID.String()), zap.Uint64("id", rec.ID), zap.Error(err))
+		p.r.cfg.Metrics.PublishFailed(metrics.ReasonBadRecord)
 		p.tracker.Done(tk, false, err.Error())
 		return nil
 	}
@@ -297,6 +309,7 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 			return nil
 		}
 		err := p.flushAck(ctx, final)
+		p.observe(ctx)
 		switch {
 		case err == nil:
 			retry.reset()
@@ -341,9 +354,41 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	if err := p.r.store.Ack(ctx, p.epoch, ack); err != nil {
 		return err
 	}
+	m := p.r.cfg.Metrics
+	m.MessagesFailed(len(ack.Failed))
+	if ack.HasPos {
+		p.ackedPos = b.Pos
+	}
+	if !b.LastEventAt.IsZero() {
+		p.lastEventAt = b.LastEventAt
+	}
 	*b = ordering.Batch[canal.Position]{}
 	p.lastAck = time.Now()
 	return nil
+}
+
+// observe refreshes the gauges that describe the pipeline: in flight,
+// pending (read but not yet acknowledged), lag, and — now and then — how
+// long until the stored position would be purged from the binlog.
+func (p *pipeline) observe(ctx context.Context) {
+	m := p.r.cfg.Metrics
+	if m == nil {
+		return
+	}
+	msgs, bytes := p.tracker.Inflight()
+	m.SetInflight(msgs, bytes)
+	p.ackMu.Lock()
+	pending := int64(msgs + p.pendingAck.Rows())
+	lastEvent, file := p.lastEventAt, p.ackedPos.File
+	p.ackMu.Unlock()
+	m.SetPendingRows(pending)
+	m.SetLag(lastEvent, pending == 0)
+	if file != "" && time.Since(p.lastHeadroom) >= time.Minute {
+		p.lastHeadroom = time.Now()
+		if _, err := m.UpdateRetentionHeadroom(ctx, p.r.db, file, lastEvent); err != nil {
+			p.r.log.Debug("binlog retention headroom not computed", zap.Error(err))
+		}
+	}
 }
 
 // read delivers what is already pending when needed, then tails the binlog
@@ -392,7 +437,10 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		}
 	}
 	cc := r.canal
-	cc.OnRetry = p.watch.onRetry
+	cc.OnRetry = func(err error, attempt int) {
+		r.cfg.Metrics.Reconnected(metrics.TargetBinlog)
+		p.watch.onRetry(err, attempt)
+	}
 	tailer, err := canal.New(cc)
 	if err != nil {
 		return &ConfigError{err}

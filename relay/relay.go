@@ -16,6 +16,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
 // Relay publishes one outbox table's rows to RabbitMQ.
@@ -29,6 +30,22 @@ type Relay struct {
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool  // leading in poll mode
 	mode    atomic.Value // string: the mode of the current term
+
+	notReady atomic.Value // string: why the relay is not ready ("" when a healthy standby)
+}
+
+// Ready is nil when the relay does its job: it leads and delivers (tails the
+// binlog or polls), or it is a standby whose last attempt at leadership
+// reached the database. Otherwise it says what is wrong. No I/O: /readyz
+// calls it.
+func (r *Relay) Ready() error {
+	if r.Tailing() || r.Polling() {
+		return nil
+	}
+	if msg, _ := r.notReady.Load().(string); msg != "" {
+		return errors.New(msg)
+	}
+	return nil
 }
 
 // Polling reports whether the relay leads in poll mode.
@@ -95,6 +112,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	r.mode.Store("")
+	r.notReady.Store("starting")
+	m := r.cfg.Metrics
 	backoff := newBackoff(200*time.Millisecond, 10*time.Second)
 	for {
 		leader, err := r.store.Acquire(ctx)
@@ -102,6 +121,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, checkpoint.ErrHeld):
+			r.notReady.Store("")
+			m.SetMode("")
 			r.log.Info("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName))
 			if !sleep(ctx, r.cfg.StandbyRetry) {
 				return nil
@@ -109,6 +130,8 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		case err != nil:
 			d := backoff.next()
+			r.notReady.Store("cannot reach the database to take leadership: " + err.Error())
+			m.Reconnected(metrics.TargetMySQL)
 			r.log.Warn("cannot take leadership, retrying", zap.Error(err), zap.Duration("in", d))
 			if !sleep(ctx, d) {
 				return nil
@@ -116,7 +139,16 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		r.log.Info("leading", zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
+		r.notReady.Store("leading, not yet delivering")
+		m.SetLeader(true)
+		started := time.Now()
 		err = r.lead(ctx, leader)
+		m.SetLeader(false)
+		m.SetMode("")
+		r.notReady.Store("leadership ended: restarting")
+		if time.Since(started) > time.Minute {
+			backoff.reset() // a long healthy term: start the backoff over
+		}
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = leader.Release(releaseCtx)
 		cancel()

@@ -5,13 +5,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
@@ -60,6 +63,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", 30*time.Second, "how often an idle relay moves its stored position past other tables' transactions")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 2*time.Second, "leadership heartbeat")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown waits for in-flight confirms")
+	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")
 	return func(ctx context.Context, inv *invocation) error {
 		if err := noArgs(inv, "run"); err != nil {
 			return err
@@ -73,11 +77,44 @@ func setupRun(fs *flag.FlagSet) runFunc {
 		// go-sql-driver logs dropped connections on its own to stderr; keep
 		// its lines in our log, at debug: the relay reports what matters.
 		_ = mysql.SetLogger(driverLog{inv.log.Named("mysql-driver")})
+		var (
+			reg *prometheus.Registry
+			ln  net.Listener
+		)
+		if *metricsAddr != "" {
+			var err error
+			if reg, cfg.Metrics, err = metrics.NewRegistry(); err != nil {
+				return fmt.Errorf("set up metrics: %w", err)
+			}
+			// Bind before anything else: a taken port is reported at once.
+			if ln, err = metrics.Listen(*metricsAddr); err != nil {
+				return err
+			}
+		}
 		r, err := relay.New(cfg)
 		if err != nil {
+			if ln != nil {
+				ln.Close()
+			}
 			return asUsage(err)
 		}
 		defer r.Close()
+		httpDone := make(chan error, 1)
+		httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+		if ln != nil {
+			inv.log.Info("serving /metrics, /healthz and /readyz", zap.String("addr", ln.Addr().String()))
+			go func() { httpDone <- metrics.ServeListener(httpCtx, ln, reg, r.Ready, inv.log.Named("http")) }()
+		} else {
+			httpDone <- nil
+		}
+		// HTTP outlives the relay's shutdown so /metrics can be scraped
+		// while in-flight confirms finish.
+		defer func() {
+			stopHTTP()
+			if err := <-httpDone; err != nil {
+				inv.log.Warn("metrics endpoint", zap.Error(err))
+			}
+		}()
 		inv.log.Info("starting", zap.String("relay", cfg.RelayName), zap.String("table", cfg.Table),
 			zap.String("mysql", redactDSN(cfg.MySQLDSN)), zap.String("amqp", redactURL(cfg.AMQPURL)))
 		if err := r.Run(ctx); err != nil {

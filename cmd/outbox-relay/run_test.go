@@ -111,7 +111,7 @@ func relayArgs(db *testenv.DB, b *testenv.Broker, extra ...string) []string {
 	return append([]string{
 		"--mysql-dsn", db.DSN, "--amqp-url", b.URL, "--default-exchange", b.Exchange,
 		"--server-id", strconv.FormatUint(uint64(nextRunServerID.Add(1)), 10),
-		"--checkpoint-interval", "1s", "--log-format", "console",
+		"--checkpoint-interval", "1s", "--log-format", "console", "--metrics-addr", "127.0.0.1:0",
 	}, extra...)
 }
 

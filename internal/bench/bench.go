@@ -370,7 +370,7 @@ type relayProc struct {
 
 func (b *bencher) startRelay(ctx context.Context, mode string) (*relayProc, error) {
 	args := []string{"run", "--mysql-dsn", b.cfg.MySQLDSN, "--amqp-url", b.cfg.AMQPURL,
-		"--relay-name", relayName, "--default-exchange", exchangeName, "--log-format", "console",
+		"--relay-name", relayName, "--default-exchange", exchangeName, "--log-format", "console", "--metrics-addr", "127.0.0.1:0",
 		"--confirm-window", fmt.Sprint(b.cfg.ConfirmWindow), "--mode", mode}
 	cmd := exec.CommandContext(ctx, b.cfg.RelayBinary, args...)
 	b.logs.Reset()
