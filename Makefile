@@ -2,7 +2,7 @@
 #
 #   make build       the binary, bin/outbox-relay
 #   make test        installs/starts MariaDB and RabbitMQ if needed, then all tests
-#   make lint        gofmt (must list nothing) and go vet
+#   make lint        gofmt (must list nothing), go vet, deploy files (scripts/lint-deploy.sh)
 #   make demo        the relay end to end: private MariaDB, RabbitMQ, producer, consumer
 #   make bench       outbox-relay bench on a private binlog-enabled MariaDB (BENCH_FLAGS=...)
 #   make tidy-check  go.mod and go.sum are tidy (does not change them)
@@ -36,6 +36,7 @@ lint:
 		exit 1; \
 	fi
 	$(GO) vet ./...
+	scripts/lint-deploy.sh
 
 # -diff prints what tidy would change and fails if anything; it changes nothing.
 tidy-check:
