@@ -90,8 +90,14 @@ func (p *Poller) Config() Config { return p.cfg }
 // backoff. On ctx end a worker finishes its round if every message of it has
 // its Result, else rolls it back (those rows are published again later:
 // at-least-once).
-func (p *Poller) Run(ctx context.Context) error {
-	_, err := p.workers(ctx, func(ctx context.Context, w *worker) (int, error) { return w.run(ctx) })
+func (p *Poller) Run(ctx context.Context) error { return p.RunUntil(ctx, nil) }
+
+// RunUntil is Run that also ends, gracefully, when stop is closed: no worker
+// starts another round, and the rounds under way run to their commit (their
+// context is still ctx). Nothing they published is published again, which
+// makes the poll → binlog handover exact. A nil stop never closes.
+func (p *Poller) RunUntil(ctx context.Context, stop <-chan struct{}) error {
+	_, err := p.workers(ctx, func(ctx context.Context, w *worker) (int, error) { return w.run(ctx, stop) })
 	if ctx.Err() != nil && (err == nil || errors.Is(err, ctx.Err())) {
 		return nil
 	}
@@ -192,10 +198,25 @@ func (w *worker) onResult(r publish.Result) {
 	}
 }
 
-// run is one Run worker: rounds until ctx ends or a fatal error.
-func (w *worker) run(ctx context.Context) (int, error) {
+// run is one Run worker: rounds until ctx ends, stop closes (between
+// rounds; a round under way still commits) or a fatal error.
+func (w *worker) run(ctx context.Context, stop <-chan struct{}) (int, error) {
+	// idle is ctx, also ended by stop: it bounds the waits between rounds,
+	// never a round itself.
+	idle, cancelIdle := context.WithCancel(ctx)
+	defer cancelIdle()
+	go func() {
+		select {
+		case <-stop:
+			cancelIdle()
+		case <-idle.Done():
+		}
+	}()
 	total, failures := 0, 0
 	for {
+		if idle.Err() != nil {
+			return total, nil
+		}
 		commit := w.commits.next()
 		n, found, err := w.round(ctx, w.cur, 0)
 		total += n
@@ -210,19 +231,19 @@ func (w *worker) run(ctx context.Context) (int, error) {
 			wait := backoff(w.p.cfg.Interval, failures)
 			w.log.Warn("poll round failed; retrying", zap.Error(err), zap.Int("failures", failures),
 				zap.Duration("retry_in", wait))
-			if !sleep(ctx, wait) {
+			if !sleep(idle, wait) {
 				return total, nil
 			}
 		case !found:
 			failures = 0
-			if !sleep(ctx, w.p.cfg.Interval) {
+			if !sleep(idle, w.p.cfg.Interval) {
 				return total, nil
 			}
 		case n == 0:
 			// Everything due is held by other workers: go again when one
 			// of them commits (at the latest after an interval).
 			failures = 0
-			if !waitCommit(ctx, commit, w.p.cfg.Interval) {
+			if !waitCommit(idle, commit, w.p.cfg.Interval) {
 				return total, nil
 			}
 		default:

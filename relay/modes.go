@@ -140,7 +140,10 @@ func (w *troubleWatch) onRetry(err error, attempt int) {
 // mode it re-probes the binlog every --binlog-retry-interval and hands over
 // to binlog mode when the server serves it again.
 func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSwitch, error) {
-	pollCtx, cancel := context.WithCancel(ctx)
+	// pollCtx outlives ctx: on shutdown the rounds under way commit (bounded
+	// by ShutdownTimeout) so a clean stop repeats nothing; it ends at once
+	// when leadership is lost.
+	pollCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	go func() {
 		select {
@@ -161,8 +164,9 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 	r.tailing.Store(false)
 	r.polling.Store(true)
 	defer r.polling.Store(false)
+	stop := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- p.Run(pollCtx) }()
+	go func() { done <- p.RunUntil(pollCtx, stop) }()
 
 	var probe <-chan time.Time
 	if r.cfg.Mode == ModeAuto {
@@ -172,12 +176,24 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 	}
 	for {
 		select {
-		case err := <-done:
-			if lost := leader.Err(); lost != nil && ctx.Err() == nil {
-				return nil, lost
+		case <-ctx.Done():
+			close(stop)
+			t := time.NewTimer(r.cfg.ShutdownTimeout)
+			defer t.Stop()
+			select {
+			case err := <-done:
+				if err != nil && !errors.Is(err, context.Canceled) {
+					return nil, err
+				}
+			case <-t.C:
+				r.log.Warn("shutdown timeout: poll rounds under way are rolled back; their rows will be published again")
+				cancel()
+				<-done
 			}
-			if ctx.Err() != nil {
-				return nil, nil
+			return nil, nil
+		case err := <-done:
+			if lost := leader.Err(); lost != nil {
+				return nil, lost
 			}
 			return nil, err
 		case <-probe:
@@ -185,7 +201,9 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 				r.log.Debug("binlog still unavailable", zap.Error(err))
 				continue
 			}
-			cancel()
+			// Let the rounds under way commit: what they published must
+			// not be published again by the handover's drain.
+			close(stop)
 			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 				return nil, err
 			}

@@ -75,6 +75,9 @@ func New(cfg Config) (*Relay, error) {
 	}
 	db := sql.OpenDB(connector)
 	db.SetMaxOpenConns(8)
+	// As many idle as open: poll workers and the acker would otherwise
+	// reconnect (handshake, SET time_zone) on every round.
+	db.SetMaxIdleConns(8)
 	db.SetConnMaxIdleTime(time.Minute)
 
 	host, portStr, err := net.SplitHostPort(dsn.Addr)
