@@ -49,6 +49,10 @@ func TestRelaySurvivesMariaDBKill(t *testing.T) {
 	srv.Kill(t)
 	t.Logf("killed MariaDB after %d of 20000 deliveries", before)
 	srv.Start(t)
+	// The test's own pool still holds connections to the killed server;
+	// drop them so the producers below start on fresh ones.
+	db.SQL.SetMaxIdleConns(0)
+	db.SQL.SetMaxIdleConns(4)
 
 	produce(ctx, t, db, b, v, load{producers: 4, partitions: 40, total: 2_000, bigTxn: 100, bigShare: 0.5})
 	if err := v.WaitComplete(ctx); err != nil {
