@@ -148,6 +148,15 @@ func Apply(ctx context.Context, db *sql.DB, opts Options) (applied []string, err
 		applied = append(applied, m.version)
 	}
 
+	// An outbox created before the poller's indexes existed gets them now.
+	added, err := ensureIndexes(ctx, conn, schema.String, table, quoted)
+	if err != nil {
+		return applied, err
+	}
+	if added {
+		applied = append(applied, "0002_outbox_indexes:"+table)
+	}
+
 	// Verify what we created too: it catches a server that silently
 	// substituted a type (e.g. a JSON column on a server without JSON).
 	if err := check(ctx, conn, schema.String, table, opts.Partitioned); err != nil {
@@ -317,4 +326,48 @@ func unlock(ctx context.Context, conn *sql.Conn) {
 		// instead of handing it out again.
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
+}
+
+// outboxIndexes are the poller's indexes, as 0001_outbox*.sql declares them
+// (see the reasons there); keep the two in step.
+func outboxIndexes() [][2]string {
+	return [][2]string{
+		{"idx_partition_id", "partition_key, id"},
+		{"idx_head", "partition_key, delivered_at, available_at, id"},
+		{"idx_due", "delivered_at, available_at"},
+	}
+}
+
+// ensureIndexes adds the outbox indexes an existing table lacks (one made
+// by an earlier version). It only ever adds; it reports whether it did.
+func ensureIndexes(ctx context.Context, conn *sql.Conn, schema, table, quoted string) (bool, error) {
+	rows, err := conn.QueryContext(ctx, `SELECT DISTINCT index_name FROM information_schema.STATISTICS
+		WHERE table_schema = ? AND table_name = ?`, schema, table)
+	if err != nil {
+		return false, fmt.Errorf("migrate: read indexes of %s: %w", table, err)
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return false, fmt.Errorf("migrate: read indexes of %s: %w", table, err)
+		}
+		have[name] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("migrate: read indexes of %s: %w", table, err)
+	}
+	added := false
+	for _, ix := range outboxIndexes() {
+		if have[ix[0]] {
+			continue
+		}
+		if _, err := conn.ExecContext(ctx, "ALTER TABLE "+quoted+" ADD INDEX "+ix[0]+" ("+ix[1]+")"); err != nil {
+			return added, fmt.Errorf("migrate: add index %s to %s: %w", ix[0], table, err)
+		}
+		added = true
+	}
+	return added, nil
 }
