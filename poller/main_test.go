@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"encoding/json"
 	"fmt"
-	"math/big"
 	"os"
 	"sync"
 	"testing"
@@ -18,9 +16,9 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/migrations"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -184,131 +182,15 @@ type load struct {
 	noKey                        bool    // partition_key '' for every row
 }
 
-// produce writes l.total messages from l.producers goroutines. Partition p
-// belongs to producer p % producers, so each partition's commit order is its
-// producer's order, which the validator is told after every commit.
-// Payloads contain 0x00 bytes; about one row in 50 gets a message id ending
-// in 0x00 bytes.
+// produce writes l.total messages with testload (see testload.Load): rows
+// name the test's exchange or leave it to the poller's default, which is
+// the same; v, when not nil, is told each committed message.
 func produce(ctx context.Context, t testing.TB, e *env, v *validator.Validator, l load) {
 	t.Helper()
-	per := l.total / l.producers
-	var wg sync.WaitGroup
-	errs := make(chan error, l.producers)
-	for w := 0; w < l.producers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			mine := []string{""}
-			if !l.noKey {
-				mine = nil
-				for p := w; p < l.partitions; p += l.producers {
-					mine = append(mine, fmt.Sprintf("part-%03d-ü", p))
-				}
-			}
-			seq := 0
-			for seq < per {
-				n := 1
-				if randN(1000) < int(l.bigShare*1000) {
-					n = min(l.bigTxn, per-seq)
-				}
-				exp, err := writeTxn(ctx, e, w, mine, seq, n)
-				if err != nil {
-					errs <- fmt.Errorf("producer %d: %w", w, err)
-					return
-				}
-				if v != nil {
-					v.Expect(exp...)
-				}
-				seq += n
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-}
-
-func writeTxn(ctx context.Context, e *env, w int, parts []string, seq, n int) ([]validator.Expected, error) {
-	tx, err := e.db.SQL.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback()
-	msgs := make([]outbox.Message, n)
-	for i := range msgs {
-		pk := parts[randN(len(parts))]
-		exchange := ""
-		if (seq+i)%2 == 0 {
-			exchange = e.broker.Exchange
-		}
-		msgs[i] = outbox.Message{
-			PartitionKey: pk, Exchange: exchange, RoutingKey: "rk." + pk, MessageType: "test.event",
-			Headers: map[string]any{"producer": int64(w), "seq": int64(seq + i), "flag": true, "note": "ünï"},
-			Payload: []byte(fmt.Sprintf("\x00{\"p\":%d,\"seq\":%d}\x00\x00", w, seq+i)),
-		}
-	}
-	ids := make([]outbox.MessageID, 0, n)
-	var batch []outbox.Message
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		got, err := outbox.Enqueue(ctx, tx, batch...)
-		ids = append(ids, got...)
-		batch = batch[:0]
-		return err
-	}
-	for _, m := range msgs {
-		if randN(50) != 0 {
-			batch = append(batch, m)
-			continue
-		}
-		if err := flush(); err != nil {
-			return nil, err
-		}
-		var id outbox.MessageID
-		if _, err := rand.Read(id[:14]); err != nil {
-			return nil, err
-		}
-		headers, err := json.Marshal(m.Headers)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO outbox (message_id, partition_key, exchange, routing_key,
-			message_type, headers, payload) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			id[:], m.PartitionKey, m.Exchange, m.RoutingKey, m.MessageType, headers, m.Payload); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	if err := flush(); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, err
-	}
-	exp := make([]validator.Expected, n)
-	for i, m := range msgs {
-		ex := m.Exchange
-		if ex == "" {
-			ex = e.broker.Exchange
-		}
-		exp[i] = validator.Expected{
-			ID: ids[i], PartitionKey: m.PartitionKey, Exchange: ex, RoutingKey: m.RoutingKey,
-			MessageType: m.MessageType, Payload: m.Payload, Headers: m.Headers,
-		}
-	}
-	return exp, nil
-}
-
-func randN(n int) int {
-	v, err := rand.Int(rand.Reader, big.NewInt(int64(n)))
-	if err != nil {
-		panic(err)
-	}
-	return int(v.Int64())
+	testload.Produce(ctx, t, e.db.SQL, v, testload.Load{
+		Producers: l.producers, Partitions: l.partitions, Total: l.total,
+		BigTxn: l.bigTxn, BigShare: l.bigShare, NoKey: l.noKey, Exchange: e.broker.Exchange,
+	})
 }
 
 // bulkLoad inserts n rows with 256-byte payloads spread over the given
