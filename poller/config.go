@@ -2,6 +2,7 @@ package poller
 
 import (
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/metrics"
 	"regexp"
 	"time"
 
@@ -55,6 +56,8 @@ type Config struct {
 	DefaultExchange string
 	// Logger receives round failures and retries; default zap.NewNop().
 	Logger *zap.Logger
+	// Metrics receives publish outcomes; nil records nothing.
+	Metrics *metrics.Metrics
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}$`)

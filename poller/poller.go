@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/metrics"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -448,6 +449,7 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 		return 0, true, fmt.Errorf("commit poll round of %d rows: %w", len(recs), err)
 	}
 	committed = true
+	p.observe(items, true, len(failed))
 	w.commits.done()
 	if len(failed) > 0 {
 		w.log.Warn("moved undeliverable rows to outbox_failed", zap.Int("rows", len(failed)))
@@ -548,6 +550,30 @@ func (w *worker) publish(ctx context.Context, recs []*outbox.Record) ([]*item, e
 // outcome returns the rows of a flushed round that go to outbox_failed,
 // with their reason: rows that could not be published as they are, and
 // rows the broker returned or rejected.
+// observe feeds a round's outcomes to the metrics.
+func (p *Poller) observe(items []*item, committed bool, failed int) {
+	m := p.cfg.Metrics
+	if m == nil {
+		return
+	}
+	now := time.Now()
+	for _, it := range items {
+		switch {
+		case it.bad != "":
+			m.PublishFailed(metrics.ReasonBadRecord)
+		case it.res.Outcome == publish.Confirmed:
+			m.Delivered(it.rec.CreatedAt, now)
+		case it.res.Outcome == publish.Rejected:
+			m.PublishFailed(metrics.ReasonNacked)
+		default:
+			m.PublishFailed(metrics.ReturnReason(it.res.Code))
+		}
+	}
+	if committed {
+		m.MessagesFailed(failed)
+	}
+}
+
 func outcome(items []*item) []ordering.Failure {
 	var failed []ordering.Failure
 	for _, it := range items {

@@ -234,7 +234,7 @@ func (r *Relay) newPoller(pub *publish.Publisher, epoch int64) (*poller.Poller, 
 	p, err := poller.New(r.db, pub, r.store, epoch, poller.Config{
 		Table: r.cfg.Table, OnDelivered: r.cfg.OnDelivered, Interval: r.cfg.PollInterval,
 		Batch: r.cfg.PollBatch, Workers: r.cfg.PollWorkers, DefaultExchange: r.cfg.DefaultExchange,
-		Logger: r.log.Named("poller"),
+		Logger: r.log.Named("poller"), Metrics: r.cfg.Metrics,
 	})
 	if err != nil {
 		return nil, &ConfigError{err}

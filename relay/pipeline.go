@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/ordering"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
@@ -33,8 +34,9 @@ type pipeline struct {
 	channels  []*publish.Channel
 	publisher *publish.Publisher
 	watch     *troubleWatch
-	fallback  atomic.Value // string: why binlog mode gave way to polling
-	mode      atomic.Value // string stored with acknowledgements: "poll" until the handover window closes
+	delayed   chan struct{} // capacity 1: the stream skipped a delayed row
+	fallback  atomic.Value  // string: why binlog mode gave way to polling
+	mode      atomic.Value  // string stored with acknowledgements: "poll" until the handover window closes
 
 	ackMu       sync.Mutex
 	pendingAck  ordering.Batch[canal.Position]
@@ -102,6 +104,7 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 		lastAck: time.Now(), cancelRead: cancelRead,
 	}
 	p.mode.Store("binlog")
+	p.delayed = make(chan struct{}, 1)
 	p.watch = &troubleWatch{r: r, stop: func(reason string) {
 		p.fallback.Store(reason)
 		cancelRead()
@@ -117,8 +120,16 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 	ackStop := make(chan struct{})
 	ackDone := make(chan error, 1)
 	go func() { ackDone <- p.acker(pubCtx, ackStop) }()
+	sweepStop := make(chan struct{})
+	sweepDone := make(chan struct{})
+	go func() {
+		defer close(sweepDone)
+		p.sweepDelayed(pubCtx, sweepStop)
+	}()
 
 	readErr := p.read(readCtx, progress)
+	close(sweepStop) // between rounds: a round under way commits
+	<-sweepDone
 	for _, q := range p.queues {
 		close(q)
 	}
@@ -480,9 +491,14 @@ func (h *handler) Row(ctx context.Context, rec *outbox.Record) error {
 		h.p.cancelRead()
 		return context.Canceled
 	}
-	if !rec.Due(time.Now()) {
-		// Delayed: left pending in the table, not acknowledged, and it
-		// does not hold back its partition.
+	if !rec.AvailableAt.IsZero() {
+		// Delayed (available_at set, due or not): left pending and not
+		// acknowledged here; the due-time sweep delivers it, so the two
+		// never publish the same row. It does not hold back its partition.
+		select {
+		case h.p.delayed <- struct{}{}:
+		default:
+		}
 		return nil
 	}
 	if h.window {
@@ -581,4 +597,65 @@ func reached(pos, until canal.Position) (bool, error) {
 		return pos.File > until.File, nil
 	}
 	return pos.Pos >= until.Pos, nil
+}
+
+// sweepDelayed is the due-time sweep of binlog mode (design §4.7): while
+// delayed rows are known to exist (one probe at start, then whenever the
+// stream skips one) it delivers those that are due, every poll interval. A
+// relay without delayed rows runs no query here after the probe. It stops
+// between rounds when stop closes; errors are logged and retried (a lost
+// leadership also stops the acker, which ends the term).
+func (p *pipeline) sweepDelayed(ctx context.Context, stop <-chan struct{}) {
+	r := p.r
+	pl, err := r.newPoller(p.publisher, p.epoch)
+	if err == nil {
+		var s *poller.DelayedSweeper
+		if s, err = pl.NewDelayedSweeper(); err == nil {
+			defer s.Close()
+			p.runSweeper(ctx, stop, s, pl.Config().Interval)
+			return
+		}
+	}
+	r.log.Error("due-time sweep not started; delayed rows wait for the next handover", zap.Error(err))
+}
+
+func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poller.DelayedSweeper, interval time.Duration) {
+	log := p.r.log.Named("delayed")
+	active, err := s.Pending(ctx)
+	if err != nil {
+		log.Warn("probe for delayed rows failed; sweeping to be safe", zap.Error(err))
+		active = true
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-p.delayed:
+			active = true
+			continue
+		case <-tick.C:
+		}
+		if !active {
+			continue
+		}
+		n, err := s.Round(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, checkpoint.ErrFenced) {
+				return
+			}
+			log.Warn("due-time sweep round failed; retrying", zap.Error(err))
+			continue
+		}
+		if n > 0 {
+			log.Debug("delivered due delayed rows", zap.Int("rows", n))
+			continue
+		}
+		if pending, err := s.Pending(ctx); err == nil && !pending {
+			active = false
+		}
+	}
 }

@@ -86,14 +86,24 @@ func waitMetric(ctx context.Context, t *testing.T, base, sample string, want flo
 // histogram moving by exactly the number of messages delivered; /healthz
 // and /readyz answer 200 and the mode and leader gauges are set.
 func TestRunMetricsMoveWithPublishing(t *testing.T) {
+	for _, mode := range []string{"binlog", "poll"} {
+		t.Run(mode, func(t *testing.T) { testMetricsMove(t, mode) })
+	}
+}
+
+func testMetricsMove(t *testing.T, mode string) {
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	ctx := testContext(t, 3*time.Minute)
 	v := consumeAll(t, b)
-	p := newRelayProc(t, relayArgs(db, b)...)
+	p := newRelayProc(t, relayArgs(db, b, "--mode", mode)...)
 	p.start()
-	p.waitLog(ctx, "tailing the binlog")
+	if mode == "binlog" {
+		p.waitLog(ctx, "tailing the binlog")
+	} else {
+		p.waitLog(ctx, `"mode": "poll"`)
+	}
 	base := p.metricsURL(ctx)
 
 	for _, path := range []string{"/healthz", "/readyz"} {
@@ -104,8 +114,8 @@ func TestRunMetricsMoveWithPublishing(t *testing.T) {
 	if got := metricValue(t, base, "outbox_relay_leader"); got != 1 {
 		t.Fatalf("outbox_relay_leader = %v, want 1", got)
 	}
-	if got := metricValue(t, base, `outbox_relay_mode{mode="binlog"}`); got != 1 {
-		t.Fatalf(`outbox_relay_mode{mode="binlog"} = %v, want 1`, got)
+	if got := metricValue(t, base, `outbox_relay_mode{mode="`+mode+`"}`); got != 1 {
+		t.Fatalf(`outbox_relay_mode{mode=%q} = %v, want 1`, mode, got)
 	}
 	before := metricValue(t, base, "outbox_relay_published_total")
 	latBefore := metricValue(t, base, "outbox_relay_delivery_latency_seconds_count")

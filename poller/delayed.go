@@ -1,0 +1,99 @@
+package poller
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"go.uber.org/zap"
+)
+
+// DelayedSweeper is the due-time sweep of binlog mode (design §4.7). The
+// binlog stream publishes only rows whose available_at is NULL and leaves
+// every row with available_at set to the sweeper, so the two never publish
+// the same row. A sweep round is a poll round limited to those rows once
+// they are due: claim (FOR UPDATE SKIP LOCKED, oldest first), publish on the
+// sweeper's own channel, wait for every confirm, acknowledge, fence, commit.
+// Delayed rows do not hold back their partition, and among themselves go
+// out oldest first.
+type DelayedSweeper struct {
+	w *worker
+}
+
+// NewDelayedSweeper returns a sweeper with its own AMQP channel.
+func (p *Poller) NewDelayedSweeper() (*DelayedSweeper, error) {
+	w := &worker{p: p, id: -1, cur: &cursor{}, commits: newCommits(), log: p.log.With(zap.String("worker", "delayed"))}
+	ch, err := p.pub.NewChannel(w.onResult)
+	if err != nil {
+		return nil, fmt.Errorf("delayed-row sweeper: %w", err)
+	}
+	w.ch = ch
+	return &DelayedSweeper{w: w}, nil
+}
+
+// Close closes the sweeper's channel.
+func (s *DelayedSweeper) Close() error { return s.w.ch.Close() }
+
+// Pending reports whether any row with available_at set is still pending,
+// due or not: while one is, the relay keeps sweeping.
+func (s *DelayedSweeper) Pending(ctx context.Context) (bool, error) {
+	p := s.w.p
+	var one int
+	err := p.db.QueryRowContext(ctx, "SELECT 1 FROM "+p.q.table+" FORCE INDEX (idx_due)"+
+		" WHERE delivered_at IS NULL AND available_at IS NOT NULL LIMIT 1").Scan(&one)
+	switch {
+	case err == sql.ErrNoRows:
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("look for delayed rows in %s: %w", p.cfg.Table, err)
+	}
+	return true, nil
+}
+
+// Round delivers up to Batch due delayed rows and returns how many.
+// At-least-once like every round: if it fails after publishing, the rows
+// stay pending and are published again.
+func (s *DelayedSweeper) Round(ctx context.Context) (int, error) {
+	w, p := s.w, s.w.p
+	tx, err := p.db.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return 0, fmt.Errorf("begin delayed-row sweep: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	recs, err := readRecords(ctx, tx, "SELECT "+RecordColumns+" FROM "+p.q.table+" FORCE INDEX (idx_due)"+
+		" WHERE delivered_at IS NULL AND available_at IS NOT NULL AND available_at <= UTC_TIMESTAMP(6)"+
+		" ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED", p.cfg.Batch)
+	if err != nil {
+		return 0, fmt.Errorf("claim due delayed rows in %s: %w", p.cfg.Table, err)
+	}
+	if len(recs) == 0 {
+		return 0, nil
+	}
+	items, err := w.publish(ctx, recs)
+	if err != nil {
+		return 0, err
+	}
+	failed := outcome(items)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	if err := p.ack(fctx, tx, recs, failed); err != nil {
+		return 0, err
+	}
+	if err := fence(fctx, tx, p.relayName, p.epoch); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit delayed-row sweep of %d rows: %w", len(recs), err)
+	}
+	committed = true
+	p.observe(items, true, len(failed))
+	if len(failed) > 0 {
+		w.log.Warn("moved undeliverable rows to outbox_failed", zap.Int("rows", len(failed)))
+	}
+	return len(recs), nil
+}
