@@ -181,27 +181,39 @@ func relayUser(t *testing.T, root *sql.DB, srv *testenv.Server, dbName string) s
 }
 
 // revokeAndCut takes REPLICATION SLAVE away and ends the relay's binlog
-// connection, which a revoke alone leaves running; the tailer's reconnect
-// is then refused.
+// connection, which a revoke alone leaves running (global privileges of a
+// session are fixed at login); the tailer's reconnect is then refused. It
+// first waits for that connection to exist: the relay enters binlog mode
+// before its tailer has logged in.
 func revokeAndCut(ctx context.Context, t *testing.T, root *sql.DB) {
 	t.Helper()
+	dumps := func() []int64 {
+		rows, err := root.QueryContext(ctx, "SELECT id FROM information_schema.PROCESSLIST WHERE user = 'relay' AND command LIKE 'Binlog Dump%'")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	for len(dumps()) == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the relay's binlog connection never appeared")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	if _, err := root.ExecContext(ctx, "REVOKE REPLICATION SLAVE ON *.* FROM 'relay'@'127.0.0.1'"); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := root.QueryContext(ctx, "SELECT id FROM information_schema.PROCESSLIST WHERE user = 'relay' AND command LIKE 'Binlog Dump%'")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	rows.Close()
-	for _, id := range ids {
+	for _, id := range dumps() {
 		if _, err := root.ExecContext(ctx, fmt.Sprintf("KILL %d", id)); err != nil && !strings.Contains(err.Error(), "Unknown thread") {
 			t.Fatal(err)
 		}
