@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/go-mysql-org/go-mysql/replication"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -103,7 +103,7 @@ func (t *Tailer) Run(ctx context.Context, from Position, h Handler) error {
 		}
 		failures++
 		s.interrupted()
-		wait := backoff(t.cfg.RetryMin, t.cfg.RetryMax, failures)
+		wait := backoff.Delay(t.cfg.RetryMin, t.cfg.RetryMax, failures)
 		t.log.Warn("binlog stream interrupted, reconnecting",
 			zap.Error(err), zap.Int("attempt", failures), zap.Duration("backoff", wait),
 			zap.Stringer("resume_after", s.committed), zap.Int("rows_to_skip", s.resumeRows))
@@ -118,19 +118,6 @@ func (t *Tailer) Run(ctx context.Context, from Position, h Handler) error {
 		case <-timer.C:
 		}
 	}
-}
-
-// backoff is the wait before reconnect attempt n (1-based): exponential from
-// min, capped at max, with "equal jitter" (half fixed, half random) so that
-// relays cut off together do not reconnect in lockstep.
-func backoff(lo, hi time.Duration, n int) time.Duration {
-	d := lo
-	for i := 1; i < n && d < hi; i++ {
-		d *= 2
-	}
-	d = min(d, hi)
-	half := d / 2
-	return half + rand.N(d-half+1)
 }
 
 // stream runs one connection: it starts the dump from s.committed and feeds

@@ -50,20 +50,6 @@ func TestPosition(t *testing.T) {
 	}
 }
 
-func TestBackoffBounds(t *testing.T) {
-	lo, hi := 200*time.Millisecond, 5*time.Second
-	for n := 1; n < 20; n++ {
-		d := backoff(lo, hi, n)
-		ceil := min(lo<<(n-1), hi)
-		if n > 10 {
-			ceil = hi
-		}
-		if d < ceil/2 || d > ceil {
-			t.Errorf("backoff(%d) = %v, want in [%v, %v]", n, d, ceil/2, ceil)
-		}
-	}
-}
-
 func TestGlobalPrivileges(t *testing.T) {
 	privs := globalPrivileges([]string{
 		"GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO `relay`@`%` IDENTIFIED BY PASSWORD '*ABC'",

@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -229,7 +229,7 @@ func (w *worker) run(ctx context.Context, stop <-chan struct{}) (int, error) {
 			return total, err
 		case err != nil:
 			failures++
-			wait := backoff(w.p.cfg.Interval, failures)
+			wait := backoff.Delay(w.p.cfg.Interval, maxBackoff, failures)
 			w.log.Warn("poll round failed; retrying", zap.Error(err), zap.Int("failures", failures),
 				zap.Duration("retry_in", wait))
 			if !sleep(idle, wait) {
@@ -263,7 +263,7 @@ func (w *worker) drain(ctx context.Context, maxID uint64) (int, error) {
 		if err != nil && lockConflict(err) && ctx.Err() == nil {
 			conflicts++
 			w.log.Info("drain round hit a lock conflict; retrying", zap.Error(err))
-			if !sleep(ctx, backoff(w.p.cfg.Interval, conflicts)) {
+			if !sleep(ctx, backoff.Delay(w.p.cfg.Interval, maxBackoff, conflicts)) {
 				return total, ctx.Err()
 			}
 			continue
@@ -637,17 +637,6 @@ func fatal(err error) bool {
 func lockConflict(err error) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
-}
-
-// backoff is the wait before retry n (1, 2, ...): doubling from base up to
-// maxBackoff, with jitter so workers spread out.
-func backoff(base time.Duration, n int) time.Duration {
-	d := base
-	for i := 1; i < n && d < maxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, maxBackoff)
-	return d/2 + rand.N(d/2+1)
 }
 
 // sleep waits d or until ctx ends; false when ctx ended.

@@ -3,6 +3,7 @@ package publish
 import (
 	"context"
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -243,7 +244,7 @@ func (c *Channel) run() {
 		c.notifyLocked()
 		c.mu.Unlock()
 	}()
-	bo := backoff{min: c.p.cfg.ReconnectMin, max: c.p.cfg.ReconnectMax}
+	bo := backoff.Counter{Min: c.p.cfg.ReconnectMin, Max: c.p.cfg.ReconnectMax}
 	for {
 		conn := c.p.awaitConn(c.closing)
 		if conn == nil {
@@ -254,7 +255,7 @@ func (c *Channel) run() {
 			if !conn.IsClosed() {
 				c.log.Warn("open AMQP channel", zap.Error(err))
 			}
-			if !sleep(bo.next(), c.closing) {
+			if !sleep(bo.Next(), c.closing) {
 				return
 			}
 			continue
@@ -264,8 +265,8 @@ func (c *Channel) run() {
 			return
 		}
 		if progress {
-			bo.reset()
-		} else if !sleep(bo.next(), c.closing) {
+			bo.Reset()
+		} else if !sleep(bo.Next(), c.closing) {
 			return
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"net"
 	"sync"
 	"time"
@@ -112,11 +113,11 @@ func (p *Publisher) dial() (*amqp.Connection, error) {
 func (p *Publisher) supervise(conn *amqp.Connection) {
 	defer p.wg.Done()
 	defer p.finish()
-	bo := backoff{min: p.cfg.ReconnectMin, max: p.cfg.ReconnectMax}
+	bo := backoff.Counter{Min: p.cfg.ReconnectMin, Max: p.cfg.ReconnectMax}
 	everConnected := conn != nil
 	for {
 		if conn == nil {
-			if !sleep(bo.next(), p.ctx.Done()) {
+			if !sleep(bo.Next(), p.ctx.Done()) {
 				return
 			}
 			var err error
@@ -138,7 +139,7 @@ func (p *Publisher) supervise(conn *amqp.Connection) {
 			}
 			everConnected = true
 		}
-		bo.reset()
+		bo.Reset()
 		if !p.watch(conn) {
 			return
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/ordering"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -308,7 +309,7 @@ func (p *pipeline) dispatch(ctx context.Context, rec *outbox.Record) error {
 func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	retry := newBackoff(100*time.Millisecond, 5*time.Second)
+	retry := backoff.Counter{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		final := false
 		select {
@@ -323,13 +324,13 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 		p.observe(ctx)
 		switch {
 		case err == nil:
-			retry.reset()
+			retry.Reset()
 		case errors.Is(err, checkpoint.ErrFenced):
 			return err
 		case final:
 			return fmt.Errorf("final acknowledgement: %w", err)
 		default:
-			d := retry.next()
+			d := retry.Next()
 			p.r.log.Warn("acknowledgement failed, retrying", zap.Error(err), zap.Duration("in", d))
 			if !sleep(ctx, d) {
 				return nil

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
@@ -117,7 +117,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.mode.Store("")
 	r.notReady.Store("starting")
 	m := r.cfg.Metrics
-	backoff := newBackoff(200*time.Millisecond, 10*time.Second)
+	retry := &backoff.Counter{Min: 200 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		leader, err := r.store.Acquire(ctx)
 		switch {
@@ -132,7 +132,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			continue
 		case err != nil:
-			d := backoff.next()
+			d := retry.Next()
 			r.notReady.Store("cannot reach the database to take leadership: " + err.Error())
 			m.Reconnected(metrics.TargetMySQL)
 			r.log.Warn("cannot take leadership, retrying", zap.Error(err), zap.Duration("in", d))
@@ -150,7 +150,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		m.SetMode("")
 		r.notReady.Store("leadership ended: restarting")
 		if time.Since(started) > time.Minute {
-			backoff.reset() // a long healthy term: start the backoff over
+			retry.Reset() // a long healthy term: start the backoff over
 		}
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = leader.Release(releaseCtx)
@@ -164,7 +164,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if isFatal(err) {
 			return err
 		}
-		d := backoff.next()
+		d := retry.Next()
 		r.log.Warn("relay pipeline stopped, restarting from the checkpoint", zap.Error(err), zap.Duration("in", d))
 		recCtx, cancelRec := context.WithTimeout(ctx, 5*time.Second)
 		_ = r.store.RecordError(recCtx, leader.Epoch(), err.Error())
@@ -219,19 +219,3 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
-
-// backoff is jittered exponential backoff; reset it after success.
-type backoff struct{ min, max, cur time.Duration }
-
-func newBackoff(min, max time.Duration) *backoff { return &backoff{min: min, max: max} }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	return b.cur/2 + rand.N(b.cur/2+1)
-}
-
-func (b *backoff) reset() { b.cur = 0 }
