@@ -30,9 +30,6 @@ type Batch[P any] struct {
 // Rows is the number of rows the batch acknowledges.
 func (b *Batch[P]) Rows() int { return Count(b.IDs) }
 
-// Empty reports whether the batch covers nothing at all.
-func (b *Batch[P]) Empty() bool { return !b.HasPos }
-
 // Merge appends a later batch to b. Acknowledging the merged batch is
 // equivalent to acknowledging both in order, which lets the relay retry a
 // failed acknowledgement together with what arrived meanwhile.

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -33,7 +34,7 @@ func BenchmarkDrain(b *testing.B) {
 			p := e.poller(b, func(cfg *poller.Config) {
 				cfg.Workers, cfg.Batch, cfg.Logger = c.workers, c.batch, zap.New(core)
 			})
-			ctx := testContext(b, 30*time.Minute)
+			ctx := testenv.Context(b, 30*time.Minute)
 			total, elapsed := 0, time.Duration(0)
 			for range b.N {
 				b.StopTimer()

@@ -25,13 +25,6 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
-func testContext(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // env is a migrated database, the test's exchange and queue, a publisher
 // and a progress row.
 type env struct {
@@ -45,7 +38,7 @@ type env struct {
 
 func setup(t testing.TB, onDelivered string) *env {
 	t.Helper()
-	ctx := testContext(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	db := testenv.MySQL(t)
 	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
 		t.Fatalf("migrate: %v", err)

@@ -232,12 +232,12 @@ func (w *worker) run(ctx context.Context, stop <-chan struct{}) (int, error) {
 			wait := backoff.Delay(w.p.cfg.Interval, maxBackoff, failures)
 			w.log.Warn("poll round failed; retrying", zap.Error(err), zap.Int("failures", failures),
 				zap.Duration("retry_in", wait))
-			if !sleep(idle, wait) {
+			if !backoff.Sleep(idle, wait) {
 				return total, nil
 			}
 		case !found:
 			failures = 0
-			if !sleep(idle, w.p.cfg.Interval) {
+			if !backoff.Sleep(idle, w.p.cfg.Interval) {
 				return total, nil
 			}
 		case n == 0:
@@ -263,7 +263,7 @@ func (w *worker) drain(ctx context.Context, maxID uint64) (int, error) {
 		if err != nil && lockConflict(err) && ctx.Err() == nil {
 			conflicts++
 			w.log.Info("drain round hit a lock conflict; retrying", zap.Error(err))
-			if !sleep(ctx, backoff.Delay(w.p.cfg.Interval, maxBackoff, conflicts)) {
+			if !backoff.Sleep(ctx, backoff.Delay(w.p.cfg.Interval, maxBackoff, conflicts)) {
 				return total, ctx.Err()
 			}
 			continue
@@ -637,16 +637,4 @@ func fatal(err error) bool {
 func lockConflict(err error) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
-}
-
-// sleep waits d or until ctx ends; false when ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

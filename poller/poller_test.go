@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/poller"
@@ -27,7 +28,7 @@ func TestRunDeliversEveryMessageOnceInOrder(t *testing.T) {
 			e := setup(t, mode)
 			v := consume(t, e.broker)
 			stop, _ := run(t, e.poller(t, func(c *poller.Config) { c.Workers = 4 }))
-			ctx := testContext(t, 4*time.Minute)
+			ctx := testenv.Context(t, 4*time.Minute)
 
 			produce(ctx, t, e, v, load{producers: 8, partitions: 200, total: 20_000, bigTxn: 500, bigShare: 0.5})
 			if err := v.WaitComplete(ctx); err != nil {
@@ -99,7 +100,7 @@ func TestDelayedRowDoesNotBlockItsPartition(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	got := arrivals(t, e.broker.URL, e.broker.Queue)
 	run(t, e.poller(t, nil))
-	ctx := testContext(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 
 	start := time.Now()
 	availableAt := start.Add(2 * time.Second)
@@ -141,7 +142,7 @@ func TestDelayedRowDoesNotBlockItsPartition(t *testing.T) {
 func TestEmptyPartitionKeyRowsSpreadOverWorkers(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	produce(ctx, t, e, v, load{producers: 4, total: 6_000, bigTxn: 500, bigShare: 0.9, noKey: true})
 
 	core, logs := observer.New(zap.DebugLevel)
@@ -190,7 +191,7 @@ func TestEmptyPartitionKeyRowsSpreadOverWorkers(t *testing.T) {
 func TestDrainEmptiesTheTable(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	produce(ctx, t, e, v, load{producers: 4, partitions: 300, total: 10_000, bigTxn: 1000, bigShare: 0.9})
 
 	n, err := e.poller(t, nil).Drain(ctx)
@@ -228,7 +229,7 @@ func TestDrainEmptiesTheTable(t *testing.T) {
 // nothing is acknowledged after that.
 func TestRunStopsWhenFenced(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	bulkLoad(ctx, t, e.pool, 20_000, 100)
 	stop, done := run(t, e.poller(t, func(c *poller.Config) { c.Batch = 100 }))
 
@@ -264,7 +265,7 @@ func TestRunStopsWhenFenced(t *testing.T) {
 // other test runs meanwhile).
 func TestIdlePollerSendsOneStatementPerInterval(t *testing.T) {
 	e := setup(t, checkpoint.Mark)
-	ctx := testContext(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	// A delivered row and a delayed one: present, but nothing to do.
 	if _, err := outbox.Enqueue(ctx, e.db.SQL,
 		outbox.Message{PartitionKey: "x", RoutingKey: "r", Payload: []byte("1")},
@@ -324,7 +325,7 @@ func TestIdlePollerSendsOneStatementPerInterval(t *testing.T) {
 func TestUndeliverableRowsGoToFailed(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
-	ctx := testContext(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	ids, err := outbox.Enqueue(ctx, e.db.SQL,
 		outbox.Message{PartitionKey: "o", RoutingKey: "a", Payload: []byte("1")},
 		outbox.Message{PartitionKey: "o", Exchange: "amq.direct", RoutingKey: "nowhere", Payload: []byte("2")},

@@ -25,7 +25,7 @@ func TestRelaySurvivesBrokerCut(t *testing.T) {
 	v := consume(t, b, b.Queue) // directly on the broker: only the relay's connection is cut
 	proxy := testenv.Proxy(t, brokerAddr(t, b.URL))
 	startRelay(t, db, b, func(c *Config) { c.AMQPURL = viaProxy(t, b.URL, proxy.Addr()) })
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testenv.Context(t, 4*time.Minute)
 
 	// The faults come from their own goroutine, each once the consumer has
 	// seen a given number of messages, so they hit the stream while it
@@ -94,12 +94,12 @@ func TestRelaySurvivesBrokerRestart(t *testing.T) {
 	node := testenv.StartRabbitMQ(t)
 	b := node.Broker(t)
 	db := testenv.MySQL(t)
-	if _, err := migrations.Apply(testContext(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
+	if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, nil)
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testenv.Context(t, 4*time.Minute)
 
 	// Mostly large transactions: the backlog is written faster than the
 	// broker takes it, so the relay is mid-stream when the broker stops.

@@ -16,7 +16,7 @@ func privateSetup(t *testing.T) (*testenv.Server, *testenv.DB, *testenv.Broker) 
 	t.Helper()
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
-	if _, err := migrations.Apply(testContext(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
+	if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return srv, db, testenv.RabbitMQ(t)
@@ -41,7 +41,7 @@ func TestRelaySurvivesMariaDBKill(t *testing.T) {
 	srv, db, b := privateSetup(t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, nil)
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testenv.Context(t, 4*time.Minute)
 
 	produce(ctx, t, db, b, v, load{producers: 4, partitions: 40, total: 20_000, bigTxn: 500, bigShare: 0.9})
 	waitReceived(ctx, t, v, 2_000)
@@ -74,7 +74,7 @@ func TestRelaySurvivesMariaDBKill(t *testing.T) {
 func TestRelayIdleSendsNoOutboxQuery(t *testing.T) {
 	srv, db, b := privateSetup(t)
 	root := srv.Root(t)
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	startRelay(t, db, b, nil)
 	// Let the first start settle: its sweep and first acknowledgement.
 	time.Sleep(2 * time.Second)

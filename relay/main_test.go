@@ -25,18 +25,11 @@ var nextServerID atomic.Uint32
 
 func init() { nextServerID.Store(900_000) }
 
-func testContext(t *testing.T, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // setup gives a test a migrated database and its own exchange and queue.
 func setup(t *testing.T) (*testenv.DB, *testenv.Broker) {
 	t.Helper()
 	db := testenv.MySQL(t)
-	if _, err := migrations.Apply(testContext(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
+	if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return db, testenv.RabbitMQ(t)

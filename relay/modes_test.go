@@ -64,7 +64,7 @@ func TestPollModeDeliversExactlyOnceInOrder(t *testing.T) {
 					c.OnDelivered = "mark"
 				}
 			})
-			ctx := testContext(t, 4*time.Minute)
+			ctx := testenv.Context(t, 4*time.Minute)
 			produce(ctx, t, db, b, v, load{producers: 8, partitions: 200, total: tc.total, bigTxn: 500, bigShare: 0.5})
 			if err := v.WaitComplete(ctx); err != nil {
 				t.Fatal(err)
@@ -87,7 +87,7 @@ func TestPollModeDeliversExactlyOnceInOrder(t *testing.T) {
 func TestFirstStartWithBacklogAndLiveProducers(t *testing.T) {
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testenv.Context(t, 4*time.Minute)
 	// Partitions 0-99 for the backlog writers, 100-199 for the live ones:
 	// each partition has one writer, so its commit order is known.
 	produce(ctx, t, db, b, v, load{producers: 4, partitions: 100, total: 10_000, bigTxn: 500, bigShare: 0.7})
@@ -115,7 +115,7 @@ func TestFirstStartWithBacklogAndLiveProducers(t *testing.T) {
 func TestPurgedCheckpointPollsThenReturnsToBinlog(t *testing.T) {
 	srv, db, b := privateSetup(t)
 	v := consume(t, b, b.Queue)
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testenv.Context(t, 4*time.Minute)
 	stop := startRelay(t, db, b, nil)
 	produce(ctx, t, db, b, v, load{producers: 2, partitions: 20, total: 1_000, bigTxn: 100, bigShare: 0.5})
 	if err := v.WaitComplete(ctx); err != nil {
@@ -145,7 +145,7 @@ func TestPurgedCheckpointPollsThenReturnsToBinlog(t *testing.T) {
 func TestBinlogOffPolls(t *testing.T) {
 	srv := testenv.StartServer(t, testenv.ServerOptions{NoBinlog: true})
 	db := srv.CreateDatabase(t)
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestSwitchesUnderLoad(t *testing.T) {
 	root := srv.Root(t)
 	dsn := relayUser(t, root, srv, db.Name)
 	v := consume(t, b, b.Queue)
-	ctx := testContext(t, 6*time.Minute)
+	ctx := testenv.Context(t, 6*time.Minute)
 	m := newModes()
 	startRelay(t, db, b, func(c *Config) {
 		c.MySQLDSN, c.OnMode = dsn, m.hook

@@ -332,7 +332,7 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 		default:
 			d := retry.Next()
 			p.r.log.Warn("acknowledgement failed, retrying", zap.Error(err), zap.Duration("in", d))
-			if !sleep(ctx, d) {
+			if !backoff.Sleep(ctx, d) {
 				return nil
 			}
 		}

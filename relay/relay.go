@@ -127,7 +127,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.notReady.Store("")
 			m.SetMode("")
 			r.log.Info("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName))
-			if !sleep(ctx, r.cfg.StandbyRetry) {
+			if !backoff.Sleep(ctx, r.cfg.StandbyRetry) {
 				return nil
 			}
 			continue
@@ -136,7 +136,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.notReady.Store("cannot reach the database to take leadership: " + err.Error())
 			m.Reconnected(metrics.TargetMySQL)
 			r.log.Warn("cannot take leadership, retrying", zap.Error(err), zap.Duration("in", d))
-			if !sleep(ctx, d) {
+			if !backoff.Sleep(ctx, d) {
 				return nil
 			}
 			continue
@@ -169,7 +169,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		recCtx, cancelRec := context.WithTimeout(ctx, 5*time.Second)
 		_ = r.store.RecordError(recCtx, leader.Epoch(), err.Error())
 		cancelRec()
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			return nil
 		}
 	}
@@ -186,7 +186,7 @@ func (r *Relay) preflight(ctx context.Context) error {
 		if err == nil || ctx.Err() != nil || attempt == 4 {
 			break
 		}
-		if !sleep(ctx, time.Second) {
+		if !backoff.Sleep(ctx, time.Second) {
 			return nil
 		}
 	}
@@ -207,15 +207,4 @@ func isFatal(err error) bool {
 	var schemaErr *canal.SchemaError
 	var purged *canal.PurgedError
 	return errors.As(err, &cfgErr) || errors.As(err, &schemaErr) || errors.As(err, &purged)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -19,7 +19,7 @@ func TestRelayDeliversEveryMessageOnceInOrder(t *testing.T) {
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	stop := startRelay(t, db, b, nil)
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testenv.Context(t, 4*time.Minute)
 
 	produce(ctx, t, db, b, v, load{producers: 8, partitions: 200, total: 20_000, bigTxn: 500, bigShare: 0.5})
 	if err := v.WaitComplete(ctx); err != nil {
@@ -44,7 +44,7 @@ func TestRelayMarkMode(t *testing.T) {
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, func(c *Config) { c.OnDelivered = "mark" })
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 
 	produce(ctx, t, db, b, v, load{producers: 4, partitions: 20, total: 2_000, bigTxn: 100, bigShare: 0.5})
 	if err := v.WaitComplete(ctx); err != nil {
@@ -61,7 +61,7 @@ func TestRelayMarkMode(t *testing.T) {
 // in order.
 func TestRelayUnroutableGoesToFailedAndPartitionMovesOn(t *testing.T) {
 	db, b := setup(t)
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	unbound := b.Exchange + ".unbound"
 	declareExchange(t, b.URL, unbound)
 	v := consume(t, b, b.Queue)
@@ -150,7 +150,7 @@ func TestRelayDeliversDelayedRowsWhenDue(t *testing.T) {
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, nil)
-	ctx := testContext(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 
 	due := time.Now().Add(2 * time.Second)
 	msgs := []outbox.Message{

@@ -95,7 +95,7 @@ func testMetricsMove(t *testing.T, mode string) {
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	v := consumeAll(t, b)
 	p := newRelayProc(t, relayArgs(db, b, "--mode", mode)...)
 	p.start()
@@ -143,7 +143,7 @@ func TestRunReadyzFollowsTheDatabase(t *testing.T) {
 	db := srv.CreateDatabase(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	p := newRelayProc(t, relayArgs(db, b, "--heartbeat-interval", "500ms")...)
 	p.start()
 	p.waitLog(ctx, "tailing the binlog")
@@ -179,7 +179,7 @@ func TestRunReadyzFollowsTheDatabase(t *testing.T) {
 func TestBenchShortModeJSON(t *testing.T) {
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
-	ctx := testContext(t, 5*time.Minute)
+	ctx := testenv.Context(t, 5*time.Minute)
 	url := testenv.RabbitMQ(t).URL
 	cmd := exec.CommandContext(ctx, relayBinary(t), "bench", "--mysql-dsn", db.DSN, "--amqp-url", url,
 		"--backlog", "2000", "--duration", "2s", "--runs", "1", "--json")

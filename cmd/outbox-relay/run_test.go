@@ -67,13 +67,6 @@ var nextRunServerID atomic.Uint32
 
 func init() { nextRunServerID.Store(810_000) }
 
-func testContext(t *testing.T, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // relayProc is one relay subprocess, started and stopped as often as a test
 // likes with the same arguments. Output of every start is appended to one
 // log file.
@@ -325,7 +318,7 @@ func outboxRows(ctx context.Context, t *testing.T, db *testenv.DB) int {
 // empty. Duplicates (the unacknowledged tails) are allowed and logged.
 func TestRunSurvivesSIGKILL(t *testing.T) {
 	const total, kills = 50_000, 5
-	ctx := testContext(t, 8*time.Minute)
+	ctx := testenv.Context(t, 8*time.Minute)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
@@ -430,7 +423,7 @@ func sortInts(a []int) {
 func TestRunSIGTERMIsClean(t *testing.T) {
 	const total = 20_000
 	const shutdownTimeout = 20 * time.Second
-	ctx := testContext(t, 5*time.Minute)
+	ctx := testenv.Context(t, 5*time.Minute)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
@@ -502,7 +495,7 @@ func TestRunSIGTERMIsClean(t *testing.T) {
 func TestRunBigTransactionBoundedMemory(t *testing.T) {
 	const rows, chunk, parts = 200_000, 2_000, 4
 	const maxRSS = 200 << 20
-	ctx := testContext(t, 8*time.Minute)
+	ctx := testenv.Context(t, 8*time.Minute)
 	// A private server with room for a 200 MB transaction: the shared
 	// server's 16 MB redo log makes it crawl.
 	srv := testenv.StartServer(t, testenv.ServerOptions{ExtraArgs: []string{
@@ -694,7 +687,7 @@ func (c *countingConsumer) waitUnique(ctx context.Context, t *testing.T, n int) 
 // default --mode auto a server that cannot serve the binlog is not an error,
 // the relay polls instead (design §5).
 func TestRunPreflightFailures(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testenv.Context(t, 4*time.Minute)
 	b := testenv.RabbitMQ(t)
 	binlogRelay := func(t *testing.T, db *testenv.DB, extra ...string) *relayProc {
 		return newRelayProc(t, relayArgs(db, b, append([]string{"--mode", "binlog"}, extra...)...)...)

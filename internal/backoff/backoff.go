@@ -5,6 +5,7 @@
 package backoff
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -39,3 +40,15 @@ func (c *Counter) Next() time.Duration {
 
 // Reset starts the count over.
 func (c *Counter) Reset() { c.n = 0 }
+
+// Sleep waits d, or less when ctx ends first; it reports whether d elapsed.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

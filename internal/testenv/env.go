@@ -1,11 +1,13 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // Environment variables read by the harness.
@@ -52,4 +54,13 @@ func lookBinary(name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin, /usr/local/sbin", name)
+}
+
+// Context is a context for one test, ended after d or when the test ends,
+// whichever comes first: every wait in a test is bounded by it.
+func Context(t testing.TB, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
 }

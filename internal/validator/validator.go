@@ -36,8 +36,6 @@ type Validator struct {
 	order       map[string][]outbox.MessageID // per partition, commit order
 	deliveries  []amqp.Delivery
 	counts      map[string]int // by message-id text
-	epochs      map[any]bool
-	unexpected  int
 	firstByPart map[string][]string
 }
 
@@ -47,7 +45,6 @@ func New() *Validator {
 		expected:    map[outbox.MessageID]*Expected{},
 		order:       map[string][]outbox.MessageID{},
 		counts:      map[string]int{},
-		epochs:      map[any]bool{},
 		firstByPart: map[string][]string{},
 	}
 }
@@ -77,7 +74,6 @@ func (v *Validator) Observe(d amqp.Delivery) {
 		pk, _ := d.Headers["x-partition-key"].(string)
 		v.firstByPart[pk] = append(v.firstByPart[pk], d.MessageId)
 	}
-	v.epochs[d.Headers["x-relay-epoch"]] = true
 }
 
 // Missing is how many expected messages have not arrived yet.
@@ -228,14 +224,12 @@ func compare(exp *Expected, d amqp.Delivery) string {
 	if _, ok := d.Headers["x-replay"]; ok {
 		bad = append(bad, "x-replay set on a live delivery")
 	}
-	extra := 0
 	for k := range d.Headers {
 		switch k {
 		case "x-outbox-id", "x-partition-key", "x-relay-epoch":
 			continue
 		}
 		if _, ok := exp.Headers[k]; !ok {
-			extra++
 			bad = append(bad, fmt.Sprintf("unexpected header %q", k))
 		}
 	}
