@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -94,56 +95,75 @@ func (p Position) String() string {
 	return "no position"
 }
 
-// maxTerms bounds one statement's WHERE clause so a 200,000-row transaction
-// acknowledges in statements of a sane size rather than one giant one.
-const maxTerms = 500
+// ackChunk bounds the ids one acknowledging statement names, so a
+// 200,000-row transaction acknowledges in statements of a sane size.
+const ackChunk = 1000
 
 // AckRows records failures in outbox_failed and deletes (or marks delivered)
 // the rows in ids, through ex — the caller's transaction. Failed rows are
 // among ids: they leave the outbox like the others so their partition moves on.
+//
+// The ids reach the server as a JSON array that JSON_TABLE turns into a
+// row source, joined STRAIGHT_JOIN to the outbox by primary key: an eq_ref
+// point lookup per id, whatever the table's statistics say. The obvious
+// forms are not safe. A queue table's row estimate is often near zero (it
+// empties between bursts), and with such an estimate MariaDB plans
+// "DELETE ... WHERE id IN (...)" and even "DELETE o FROM t o FORCE INDEX
+// (PRIMARY) WHERE id BETWEEN ..." as full scans; a locking full scan waits
+// on every row another transaction holds, so two poll workers deadlock
+// (each scanning into the other's rows) and the binlog relay's ack waits
+// on producers' uncommitted inserts. A BETWEEN range also locks the record
+// just past it. Point lookups lock exactly the rows named.
 func (s *Store) AckRows(ctx context.Context, ex Execer, ids []ordering.Range, failed []ordering.Failure) error {
 	if err := s.insertFailed(ctx, ex, failed); err != nil {
 		return err
 	}
+	var b strings.Builder
 	for len(ids) > 0 {
-		n := min(len(ids), maxTerms)
-		where, args := idClause(ids[:n])
-		var q string
-		// FORCE INDEX (PRIMARY): a table that empties and refills has stale
-		// statistics, and the optimizer may otherwise scan (and lock) it all.
-		// Single-table DELETE takes no index hint; the multi-table form does.
-		if s.cfg.OnDelivered == Mark {
-			q = "UPDATE `" + s.cfg.Table + "` FORCE INDEX (PRIMARY) SET delivered_at = NOW(6) WHERE (" + where + ") AND delivered_at IS NULL"
-		} else {
-			q = "DELETE o FROM `" + s.cfg.Table + "` AS o FORCE INDEX (PRIMARY) WHERE " + where
+		b.Reset()
+		var n int
+		ids, n = appendJSONIDs(&b, ids, ackChunk)
+		if _, err := ex.ExecContext(ctx, s.ackStatement(b.String())); err != nil {
+			return fmt.Errorf("acknowledge %d rows of %s (%s): %w", n, s.cfg.Table, s.cfg.OnDelivered, err)
 		}
-		if _, err := ex.ExecContext(ctx, q, args...); err != nil {
-			return fmt.Errorf("acknowledge %d rows of %s (%s): %w", ordering.Count(ids[:n]), s.cfg.Table, s.cfg.OnDelivered, err)
-		}
-		ids = ids[n:]
 	}
 	return nil
 }
 
-func idClause(rs []ordering.Range) (string, []any) {
-	var (
-		singles []any
-		terms   []string
-		args    []any
-	)
-	for _, r := range rs {
-		if r.Lo == r.Hi {
-			singles = append(singles, r.Lo)
-			continue
+// ackStatement deletes (or marks) the rows whose ids are in the JSON array
+// list. The ids are integers, inlined: no prepare round trip.
+func (s *Store) ackStatement(list string) string {
+	from := "JSON_TABLE('" + list + "', '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS acked" +
+		" STRAIGHT_JOIN `" + s.cfg.Table + "` AS o ON o.id = acked.id"
+	if s.cfg.OnDelivered == Mark {
+		return "UPDATE " + from + " SET o.delivered_at = NOW(6) WHERE o.delivered_at IS NULL"
+	}
+	return "DELETE o FROM " + from
+}
+
+// appendJSONIDs writes up to limit ids of rs as a JSON array to b and
+// returns the ranges left and how many ids it wrote. rs is not modified.
+func appendJSONIDs(b *strings.Builder, rs []ordering.Range, limit int) ([]ordering.Range, int) {
+	n := 0
+	b.WriteByte('[')
+	for len(rs) > 0 && n < limit {
+		lo, hi := rs[0].Lo, rs[0].Hi
+		take := min(hi-lo+1, uint64(limit-n))
+		for id := lo; id < lo+take; id++ {
+			if n > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.FormatUint(id, 10))
+			n++
 		}
-		terms = append(terms, "id BETWEEN ? AND ?")
-		args = append(args, r.Lo, r.Hi)
+		if lo+take > hi {
+			rs = rs[1:]
+		} else {
+			rs = append([]ordering.Range{{Lo: lo + take, Hi: hi}}, rs[1:]...)
+		}
 	}
-	if len(singles) > 0 {
-		terms = append(terms, "id IN (?"+strings.Repeat(",?", len(singles)-1)+")")
-		args = append(args, singles...)
-	}
-	return strings.Join(terms, " OR "), args
+	b.WriteByte(']')
+	return rs, n
 }
 
 const failedColumns = "outbox_id, message_id, partition_key, exchange, routing_key, message_type, headers, " +

@@ -25,3 +25,12 @@ func Count(rs []Range) int {
 	}
 	return n
 }
+
+// RangesOf returns ids, sorted ascending, as ranges.
+func RangesOf(ids []uint64) []Range {
+	var rs []Range
+	for _, id := range ids {
+		rs = addID(rs, id)
+	}
+	return rs
+}

@@ -587,30 +587,16 @@ func outcome(items []*item) []ordering.Failure {
 	return failed
 }
 
-// ack acknowledges a round's rows in tx: store.AckRows copies the failed
-// ones to outbox_failed, then every row is deleted (or marked delivered)
-// by primary key (queries.ack says why the poller issues that statement
-// itself rather than passing the ids to AckRows, whose range DELETE can
-// lock rows of other workers).
+// ack acknowledges a round's rows in tx with store.AckRows: the failed
+// ones copied to outbox_failed, then every row deleted (or marked
+// delivered) by primary key point lookups, which lock only this round's
+// rows (AckRows says why that needs care).
 func (p *Poller) ack(ctx context.Context, tx *sql.Tx, recs []*outbox.Record, failed []ordering.Failure) error {
-	if len(failed) > 0 {
-		if err := p.store.AckRows(ctx, tx, nil, failed); err != nil {
-			return err
-		}
-	}
 	ids := make([]uint64, len(recs))
 	for i, r := range recs {
 		ids[i] = r.ID
 	}
-	mark := p.cfg.OnDelivered == checkpoint.Mark
-	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), maxClaimIDs)]
-		ids = ids[len(chunk):]
-		if _, err := tx.ExecContext(ctx, p.q.ack(chunk, mark)); err != nil {
-			return fmt.Errorf("acknowledge %d rows of %s (%s): %w", len(chunk), p.cfg.Table, p.cfg.OnDelivered, err)
-		}
-	}
-	return nil
+	return p.store.AckRows(ctx, tx, ordering.RangesOf(ids), failed)
 }
 
 // fatal reports whether retrying cannot help: leadership lost, the

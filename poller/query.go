@@ -237,34 +237,7 @@ func (q queries) followers(heads []*outbox.Record, limit int, maxID uint64) (str
 	return b.String(), args
 }
 
-// ack returns the statement that deletes (or marks delivered) the rows
-// with the given ids, by primary key. FORCE INDEX (PRIMARY) matters: with
-// statistics from when the table was nearly empty (a queue table's normal
-// life) the optimizer may pick a full scan for an IN list, and a full-scan
-// DELETE waits for the row locks of every other worker's round in progress
-// — the workers deadlock. The multi-table DELETE form is the one that takes
-// an index hint on MySQL and MariaDB alike.
-func (q queries) ack(ids []uint64, mark bool) string {
-	var b strings.Builder
-	if mark {
-		b.WriteString("UPDATE " + q.table + " FORCE INDEX (PRIMARY) SET delivered_at = NOW(6) WHERE id IN (")
-	} else {
-		b.WriteString("DELETE " + q.table + " FROM " + q.table + " FORCE INDEX (PRIMARY) WHERE id IN (")
-	}
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatUint(id, 10))
-	}
-	b.WriteString(")")
-	if mark {
-		b.WriteString(" AND delivered_at IS NULL")
-	}
-	return b.String()
-}
-
-// maxClaimIDs is the most ids one claim or ack statement lists.
+// maxClaimIDs is the most ids one claim statement lists.
 const maxClaimIDs = 900
 
 const fenceQuery = "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ? LOCK IN SHARE MODE"
