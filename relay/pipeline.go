@@ -302,7 +302,11 @@ func (p *pipeline) dispatch(ctx context.Context, rec *outbox.Record) error {
 	}
 }
 
-// acker acknowledges the low watermark: at once when rows are ready, and
+// ackGap is the least time between two acknowledgements while rows keep
+// arriving (the first after a quiet spell goes at once).
+const ackGap = 50 * time.Millisecond
+
+// acker acknowledges the low watermark: soon after rows are ready, and
 // now and then when only foreign transactions moved it (so the stored
 // position is not purged from under us). On stop it acknowledges what is
 // ready one last time.
@@ -310,16 +314,34 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	retry := backoff.Counter{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	var last time.Time
 	for {
 		final := false
 		select {
 		case <-p.tracker.Changed():
+			// Coalesce: acknowledging every confirm on its own costs the
+			// database a transaction per message — at 500 msg/s as much as
+			// the producers' own commits. At most one per ackGap; a crash
+			// repeats at most that much more.
+			if wait := ackGap - time.Since(last); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-t.C:
+				case <-stop:
+					final = true
+				case <-ctx.Done():
+					t.Stop()
+					return nil
+				}
+				t.Stop()
+			}
 		case <-tick.C:
 		case <-stop:
 			final = true
 		case <-ctx.Done():
 			return nil
 		}
+		last = time.Now()
 		err := p.flushAck(ctx, final)
 		p.observe(ctx)
 		switch {
