@@ -2,7 +2,6 @@ package poller_test
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/bench"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -93,59 +93,28 @@ func BenchmarkBareAMQP(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer conn.Close()
+			ctx := testenv.Context(b, 30*time.Minute)
 			total, elapsed := 0, time.Duration(0)
 			for range b.N {
 				b.StopTimer()
 				purge(b, e.broker.URL, e.broker.Queue)
 				b.StartTimer()
 				start := time.Now()
-				var wg sync.WaitGroup
-				for i := range n {
-					ch, err := conn.Channel()
-					if err != nil {
-						b.Fatal(err)
-					}
-					if err := ch.Confirm(false); err != nil {
-						b.Fatal(err)
-					}
-					window := publish.DefaultConfirmWindow
-					confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window))
-					count := benchRows / n
-					if i < benchRows%n {
-						count++
-					}
-					sem := make(chan struct{}, window)
-					wg.Add(2)
-					go func() {
-						defer wg.Done()
-						for j := range count {
-							sem <- struct{}{}
-							m := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body}
-							if c.props {
-								// What publish.FromRecord sets for a row.
-								m.MessageId = "01a204e0-be49-731f-ac20-d4df6e306f60"
-								m.Type, m.ContentType, m.Timestamp = "", "application/json", time.Now()
-								m.Headers = amqp.Table{"x-outbox-id": int64(j), "x-partition-key": fmt.Sprintf("p%d", j%benchPartitions),
-									"x-relay-epoch": int64(7)}
-							}
-							if err := ch.Publish(e.broker.Exchange, "bench", true, false, m); err != nil {
-								b.Error(err)
-								return
-							}
+				err := bench.PublishBare(ctx, conn, e.broker.Exchange, "bench", n, benchRows, publish.DefaultConfirmWindow,
+					func(j int) amqp.Publishing {
+						m := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body}
+						if c.props {
+							// What publish.FromRecord sets for a row.
+							m.MessageId = "01a204e0-be49-731f-ac20-d4df6e306f60"
+							m.Type, m.ContentType, m.Timestamp = "", "application/json", time.Now()
+							m.Headers = amqp.Table{"x-outbox-id": int64(j), "x-partition-key": fmt.Sprintf("p%d", j%benchPartitions),
+								"x-relay-epoch": int64(7)}
 						}
-					}()
-					go func() {
-						defer wg.Done()
-						defer ch.Close()
-						for range count {
-							if c := <-confirms; !c.Ack {
-								b.Error("nack")
-							}
-							<-sem
-						}
-					}()
+						return m
+					})
+				if err != nil {
+					b.Fatal(err)
 				}
-				wg.Wait()
 				elapsed += time.Since(start)
 				total += benchRows
 			}

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/bench"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -67,9 +68,9 @@ func BenchmarkPublish(b *testing.B) {
 	}
 }
 
-// BenchmarkBareAMQP is the same load with amqp091 alone: confirm mode, a
-// semaphore of 256 unconfirmed messages per channel, no retention, returns
-// or reconnects.
+// BenchmarkBareAMQP is the same load with amqp091 alone (bench.PublishBare):
+// confirm mode, at most 256 unconfirmed messages per channel, no retention,
+// returns or reconnects.
 func BenchmarkBareAMQP(b *testing.B) {
 	for _, n := range []int{1, 4} {
 		b.Run(fmt.Sprintf("channels=%d", n), func(b *testing.B) {
@@ -81,41 +82,12 @@ func BenchmarkBareAMQP(b *testing.B) {
 			defer conn.Close()
 			b.ResetTimer()
 			start := time.Now()
-			var wg sync.WaitGroup
-			for i := range n {
-				ch, err := conn.Channel()
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := ch.Confirm(false); err != nil {
-					b.Fatal(err)
-				}
-				confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 256))
-				count := split(b.N, n, i)
-				wg.Add(2)
-				sem := make(chan struct{}, 256)
-				go func() {
-					defer wg.Done()
-					for range count {
-						sem <- struct{}{}
-						if err := ch.Publish(broker.Exchange, "bench", true, false,
-							amqp.Publishing{DeliveryMode: amqp.Persistent, Body: benchBody}); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-				go func() {
-					defer wg.Done()
-					for range count {
-						if c := <-confirms; !c.Ack {
-							b.Error("nack")
-						}
-						<-sem
-					}
-				}()
+			err = bench.PublishBare(context.Background(), conn, broker.Exchange, "bench", n, b.N, 256, func(int) amqp.Publishing {
+				return amqp.Publishing{DeliveryMode: amqp.Persistent, Body: benchBody}
+			})
+			if err != nil {
+				b.Fatal(err)
 			}
-			wg.Wait()
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
 		})
 	}

@@ -425,41 +425,22 @@ func (b *bencher) bare(ctx context.Context, run int) (float64, error) {
 		return 0, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, fmt.Errorf("open channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		return 0, fmt.Errorf("confirm mode: %w", err)
-	}
 	payload := bytes.Repeat([]byte("x"), b.cfg.PayloadBytes)
 	b.cons.expect(b.cfg.Backlog)
 	start := time.Now()
-	// At most ConfirmWindow unconfirmed, like each relay lane.
-	window := make(chan *amqp.DeferredConfirmation, b.cfg.ConfirmWindow)
-	for i := 0; i < b.cfg.Backlog; i++ {
-		if len(window) == cap(window) {
-			if _, err := (<-window).WaitContext(ctx); err != nil {
-				return 0, err
-			}
-		}
-		// The same message the relay sends for a backlog row (design §3):
-		// properties and the relay's headers. Broker cost grows with them,
-		// so a lighter message would not be the same ceiling.
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName, "backlog", true, false, amqp.Publishing{
+	// One channel with at most ConfirmWindow unconfirmed, like each relay
+	// lane, sending the message the relay sends for a backlog row (design
+	// §3): properties and the relay's headers. Broker cost grows with them,
+	// so a lighter message would not be the same ceiling.
+	err = PublishBare(ctx, conn, exchangeName, "backlog", 1, b.cfg.Backlog, b.cfg.ConfirmWindow, func(i int) amqp.Publishing {
+		return amqp.Publishing{
 			MessageId: fmt.Sprintf("bare-%d", i), DeliveryMode: amqp.Persistent, ContentType: "application/json",
 			Type: "", Timestamp: time.Now(), Body: payload,
 			Headers: amqp.Table{"x-outbox-id": int64(i + 1), "x-partition-key": fmt.Sprintf("p%d", i%1000), "x-relay-epoch": int64(1)},
-		})
-		if err != nil {
-			return 0, fmt.Errorf("publish: %w", err)
 		}
-		window <- dc
-	}
-	for len(window) > 0 {
-		if _, err := (<-window).WaitContext(ctx); err != nil {
-			return 0, err
-		}
+	})
+	if err != nil {
+		return 0, err
 	}
 	if err := b.cons.wait(ctx, 10*time.Minute, func(n int) { b.bar(fmt.Sprintf("run %d: bare publisher", run), n, b.cfg.Backlog) }); err != nil {
 		return 0, fmt.Errorf("bare publisher: %w", err)
