@@ -51,7 +51,7 @@ func TestExplainPlans(t *testing.T) {
 				mustExec(t, db, "UPDATE outbox SET delivered_at = NOW(6) WHERE id % 4 <> 0")
 			}
 			mustExec(t, db, "ANALYZE TABLE outbox")
-			q := queries{table: "`outbox`"}
+			q := queries{table: "`outbox`", mark: shape.marked}
 			limit := DefaultBatch * (DefaultWorkers + 1)
 
 			cq, _ := q.candidates("", limit, 0)

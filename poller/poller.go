@@ -73,7 +73,7 @@ func New(db *sql.DB, pub *publish.Publisher, store *checkpoint.Store, epoch int6
 	}
 	return &Poller{
 		db: db, pub: pub, store: store, relayName: sc.RelayName, epoch: epoch, cfg: cfg,
-		q:   queries{table: "`" + cfg.Table + "`"},
+		q:   queries{table: "`" + cfg.Table + "`", mark: cfg.OnDelivered == checkpoint.Mark},
 		log: cfg.Logger.With(zap.String("table", cfg.Table), zap.Int64("epoch", epoch)),
 	}, nil
 }

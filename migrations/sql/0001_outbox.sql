@@ -14,15 +14,16 @@
 --                         following rows, read in id order from its head
 --                         (the poller's follower query forces this index).
 --   idx_head              (partition_key, delivered_at, available_at, id):
---                         the poller's head-of-line query. MIN(id) GROUP BY
---                         partition_key with delivered_at IS NULL AND
---                         available_at IS NULL is a loose index scan here
---                         (one dive per partition, "Using index for
---                         group-by"): about 3 ms for 1,000 partitions over a
---                         200,000-row backlog instead of 580 ms for the same
---                         query on idx_partition_id, which must read every
---                         row to test the due condition. Rows with
---                         partition_key '' are read in id order from it.
+--                         the poller's candidate listing. With
+--                         delivered_at IS NULL AND available_at IS NULL
+--                         (pending, immediate) its entries are in
+--                         (partition_key, id) order, so the pending rows
+--                         after a cursor are one range read of as many
+--                         entries as are listed, whatever the table's
+--                         statistics say; idx_partition_id must read
+--                         every row to test the same conditions. Rows
+--                         with partition_key '' are read in id order
+--                         from it.
 --   idx_due               (delivered_at, available_at): pending rows that
 --                         are due — the poller's delayed-but-due heads, the
 --                         due-time sweep — without reading rows already
