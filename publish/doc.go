@@ -60,6 +60,15 @@
 // x-overflow=reject-publish; amqp091-go v1.16.0 confirms.Multiple ignores
 // what it buffered).
 //
+// # Writes
+//
+// amqp091 flushes its buffer after every message: one write system call
+// and one TCP segment per publish, which the broker then reads and parses
+// on its own. The Publisher's connection queues those writes and one
+// goroutine sends what has gathered (batchConn): a lone message goes out at
+// once, and under load the frames of many messages, from all lanes, share
+// one system call. Confirms, not writes, still decide what counts as sent.
+//
 // # Timestamps
 //
 // The AMQP timestamp property has whole seconds: FromRecord sets created_at

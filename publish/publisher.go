@@ -103,7 +103,7 @@ func (p *Publisher) dial() (*amqp.Connection, error) {
 				conn.Close()
 				return nil, err
 			}
-			return conn, nil
+			return newBatchConn(conn), nil
 		},
 	})
 }
