@@ -164,6 +164,8 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 	r.tailing.Store(false)
 	r.polling.Store(true)
 	defer r.polling.Store(false)
+	// Logged after the flag: whoever reads this line sees /readyz answer 200.
+	r.log.Info("polling the outbox table")
 	stop := make(chan struct{})
 	done := make(chan error, 1)
 	go func() { done <- p.RunUntil(pollCtx, stop) }()

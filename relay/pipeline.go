@@ -479,8 +479,9 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	if err != nil {
 		return &ConfigError{err}
 	}
-	r.log.Info("tailing the binlog", zap.String("from", from.String()))
 	r.tailing.Store(true)
+	// Logged after the flag: whoever reads this line sees /readyz answer 200.
+	r.log.Info("tailing the binlog", zap.String("from", from.String()))
 	defer r.tailing.Store(false)
 	err = tailer.Run(ctx, from, h)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {

@@ -18,11 +18,15 @@ func init() {
 		summary: "measure latency, catch-up throughput, idle cost and resources of the relay",
 		help: `Runs the relay (this binary, as a subprocess) against --mysql-dsn, which must be a
 binlog-enabled server whose database bench may empty, and --amqp-url, and prints
-one table: commit → receive latency at --rate for --duration, catch-up msg/s on a
---backlog of --payload-bytes messages and its ratio to a bare amqp091 publisher
-with the same confirm window to the same queue, database queries per second
-while idle, relay CPU seconds and peak RSS. Each figure is the median of --runs
-runs with min and max. 'make bench' starts a private binlog-enabled MariaDB for it.`,
+one table: commit → receive latency at --rate for --duration (beside a bare
+amqp091 publisher's publish → receive latency at the same rate just before it);
+catch-up msg/s on a --backlog of --payload-bytes messages and its ratio to a bare
+amqp091 publisher with the same confirm window to the same queue, measured twice:
+into the queue with no consumer attached (until the queue holds every message,
+which are then consumed and checked), and to a consumer draining the queue;
+database queries per second while idle; relay CPU seconds and peak RSS. Each
+figure is the median of --runs runs with min and max. 'make bench' starts a
+private binlog-enabled MariaDB for it.`,
 		setup: setupBench,
 	})
 }

@@ -68,28 +68,37 @@ func (c *Config) Validate() error {
 
 // ModeResult is what one relay mode measured.
 type ModeResult struct {
-	LatencyP50Ms    Stat `json:"latency_p50_ms"`
-	LatencyP95Ms    Stat `json:"latency_p95_ms"`
-	LatencyP99Ms    Stat `json:"latency_p99_ms"`
-	LatencyMaxMs    Stat `json:"latency_max_ms"`
-	CatchUpMsgsPerS Stat `json:"catch_up_msgs_per_s"`
-	RatioToBare     Stat `json:"ratio_to_bare"`
-	IdleQueriesPerS Stat `json:"idle_queries_per_s"`
-	RelayCPUSeconds Stat `json:"relay_cpu_seconds"`
-	RelayPeakRSSMiB Stat `json:"relay_peak_rss_mib"`
+	LatencyP50Ms Stat `json:"latency_p50_ms"`
+	LatencyP95Ms Stat `json:"latency_p95_ms"`
+	LatencyP99Ms Stat `json:"latency_p99_ms"`
+	LatencyMaxMs Stat `json:"latency_max_ms"`
+	// A bare amqp091 publisher's publish → receive latency at the same rate,
+	// measured just before the relay's.
+	BareLatencyP50Ms Stat `json:"bare_latency_p50_ms"`
+	BareLatencyP99Ms Stat `json:"bare_latency_p99_ms"`
+	CatchUpMsgsPerS  Stat `json:"catch_up_msgs_per_s"` // into the queue, no consumer attached
+	RatioToBare      Stat `json:"ratio_to_bare"`
+	// The same catch-up while a consumer drains the queue as fast as it
+	// can, on the same machine, against the bare publisher measured so.
+	CatchUpLiveMsgsPerS Stat `json:"catch_up_live_consumer_msgs_per_s"`
+	RatioToBareLive     Stat `json:"ratio_to_bare_live_consumer"`
+	IdleQueriesPerS     Stat `json:"idle_queries_per_s"`
+	RelayCPUSeconds     Stat `json:"relay_cpu_seconds"`
+	RelayPeakRSSMiB     Stat `json:"relay_peak_rss_mib"`
 }
 
 // Result is a whole bench.
 type Result struct {
-	Machine      string                `json:"machine"`
-	Runs         int                   `json:"runs"`
-	Rate         float64               `json:"rate"`
-	DurationS    float64               `json:"duration_s"`
-	Backlog      int                   `json:"backlog"`
-	PayloadBytes int                   `json:"payload_bytes"`
-	Window       int                   `json:"confirm_window"`
-	BareMsgsPerS Stat                  `json:"bare_publisher_msgs_per_s"`
-	Modes        map[string]ModeResult `json:"modes"`
+	Machine          string                `json:"machine"`
+	Runs             int                   `json:"runs"`
+	Rate             float64               `json:"rate"`
+	DurationS        float64               `json:"duration_s"`
+	Backlog          int                   `json:"backlog"`
+	PayloadBytes     int                   `json:"payload_bytes"`
+	Window           int                   `json:"confirm_window"`
+	BareMsgsPerS     Stat                  `json:"bare_publisher_msgs_per_s"`
+	BareLiveMsgsPerS Stat                  `json:"bare_publisher_live_consumer_msgs_per_s"`
+	Modes            map[string]ModeResult `json:"modes"`
 }
 
 const (
@@ -137,7 +146,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		Backlog: cfg.Backlog, PayloadBytes: cfg.PayloadBytes, Window: cfg.ConfirmWindow, Modes: map[string]ModeResult{},
 	}
 	samples := map[string]map[string][]float64{}
-	var bare []float64
+	var bare, bareLive []float64
 	for run := 1; run <= cfg.Runs; run++ {
 		for _, mode := range cfg.Modes {
 			s, err := b.runOnce(ctx, mode, run)
@@ -151,22 +160,30 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				samples[mode][k] = append(samples[mode][k], v)
 			}
 		}
-		rate, err := b.bare(ctx, run)
+		rate, err := b.bare(ctx, run, false)
 		if err != nil {
 			return nil, fmt.Errorf("bench: bare publisher run %d: %w", run, err)
 		}
-		bare = append(bare, rate)
+		liveRate, err := b.bare(ctx, run, true)
+		if err != nil {
+			return nil, fmt.Errorf("bench: bare publisher run %d, live consumer: %w", run, err)
+		}
+		bare, bareLive = append(bare, rate), append(bareLive, liveRate)
 		for _, mode := range cfg.Modes {
-			n := len(samples[mode]["catch_up"])
-			samples[mode]["ratio"] = append(samples[mode]["ratio"], samples[mode]["catch_up"][n-1]/rate)
+			s := samples[mode]
+			n := len(s["catch_up"])
+			s["ratio"] = append(s["ratio"], s["catch_up"][n-1]/rate)
+			s["ratio_live"] = append(s["ratio_live"], s["catch_up_live"][n-1]/liveRate)
 		}
 	}
 	b.progress("")
-	res.BareMsgsPerS = statOf(bare)
+	res.BareMsgsPerS, res.BareLiveMsgsPerS = statOf(bare), statOf(bareLive)
 	for mode, s := range samples {
 		res.Modes[mode] = ModeResult{
 			LatencyP50Ms: statOf(s["p50"]), LatencyP95Ms: statOf(s["p95"]), LatencyP99Ms: statOf(s["p99"]),
 			LatencyMaxMs: statOf(s["max"]), CatchUpMsgsPerS: statOf(s["catch_up"]), RatioToBare: statOf(s["ratio"]),
+			CatchUpLiveMsgsPerS: statOf(s["catch_up_live"]), RatioToBareLive: statOf(s["ratio_live"]),
+			BareLatencyP50Ms: statOf(s["bare_p50"]), BareLatencyP99Ms: statOf(s["bare_p99"]),
 			IdleQueriesPerS: statOf(s["idle_qps"]), RelayCPUSeconds: statOf(s["cpu"]), RelayPeakRSSMiB: statOf(s["rss"]),
 		}
 	}
@@ -219,6 +236,15 @@ func (b *bencher) runOnce(ctx context.Context, mode string, run int) (map[string
 		return nil, fmt.Errorf("relay not delivering (log follows):\n%s: %w", b.logs.String(), err)
 	}
 
+	// The bare publisher's latency just before the relay's, on the same
+	// queue and consumer, tells what the broker adds at that moment (after
+	// the previous phase's burst, say) from what the relay adds.
+	bareLat, err := b.bareLatency(ctx, fmt.Sprintf("%s run %d: bare publisher latency", mode, run))
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(bareLat)
+	out["bare_p50"], out["bare_p99"] = percentileMs(bareLat, 0.50), percentileMs(bareLat, 0.99)
 	lat, err := b.latency(ctx, fmt.Sprintf("%s run %d: latency", mode, run))
 	if err != nil {
 		return nil, err
@@ -239,28 +265,40 @@ func (b *bencher) runOnce(ctx context.Context, mode string, run int) (map[string
 		return nil, err
 	}
 
-	if err := b.writeBacklog(ctx, fmt.Sprintf("%s run %d: writing backlog", mode, run)); err != nil {
-		return nil, err
+	cpu := cpu1
+	rss := rss1
+	for _, live := range []bool{false, true} {
+		key, phase := "catch_up", fmt.Sprintf("%s run %d: catch-up", mode, run)
+		if live {
+			key, phase = "catch_up_live", phase+" to a live consumer"
+		}
+		if err := b.writeBacklog(ctx, phase+": writing backlog"); err != nil {
+			return nil, err
+		}
+		var relay *relayProc
+		out[key], err = b.toQueue(ctx, phase, live, func() error {
+			relay, err = b.startRelay(ctx, mode)
+			return err
+		})
+		if relay != nil {
+			defer relay.kill()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", phase, err)
+		}
+		c, r, err := procUsage(relay.cmd.Process.Pid)
+		if err != nil {
+			return nil, err
+		}
+		if err := relay.stop(); err != nil {
+			return nil, err
+		}
+		if !live {
+			cpu += c // the latency phase and one catch-up, as before
+		}
+		rss = max(rss, r)
 	}
-	b.cons.expect(b.cfg.Backlog)
-	start := time.Now()
-	relay, err = b.startRelay(ctx, mode)
-	if err != nil {
-		return nil, err
-	}
-	defer relay.kill()
-	if err := b.cons.wait(ctx, 10*time.Minute, func(n int) { b.bar(fmt.Sprintf("%s run %d: catch-up", mode, run), n, b.cfg.Backlog) }); err != nil {
-		return nil, fmt.Errorf("catch-up: %w", err)
-	}
-	out["catch_up"] = float64(b.cfg.Backlog) / time.Since(start).Seconds()
-	cpu2, rss2, err := procUsage(relay.cmd.Process.Pid)
-	if err != nil {
-		return nil, err
-	}
-	if err := relay.stop(); err != nil {
-		return nil, err
-	}
-	out["cpu"], out["rss"] = cpu1+cpu2, max(rss1, rss2)
+	out["cpu"], out["rss"] = cpu, rss
 	return out, nil
 }
 
@@ -277,34 +315,75 @@ func (b *bencher) probe(ctx context.Context) error {
 // returns each message's commit → receive time. Commit start is recorded
 // before the commit: the relay may deliver before Commit returns.
 func (b *bencher) latency(ctx context.Context, phase string) ([]time.Duration, error) {
+	payload := bytes.Repeat([]byte("x"), b.cfg.PayloadBytes)
+	return b.paced(ctx, phase, func(i int) error {
+		tx, err := b.db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("begin: %w", err)
+		}
+		ids, err := outbox.Enqueue(ctx, tx, outbox.Message{PartitionKey: fmt.Sprintf("p%d", i%64), RoutingKey: "latency", Payload: payload})
+		if err != nil {
+			tx.Rollback()
+			return fmt.Errorf("enqueue: %w", err)
+		}
+		b.cons.sent(ids[0].String(), time.Now())
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+		return nil
+	})
+}
+
+// bareLatency publishes at cfg.Rate for cfg.Duration from a bare amqp091
+// confirm-mode channel, with the relay's message shape, to the same queue,
+// and returns each message's publish → receive time: what the broker and
+// the consumer alone add, at that moment, to the relay's figures.
+func (b *bencher) bareLatency(ctx context.Context, phase string) ([]time.Duration, error) {
+	conn, err := amqp.Dial(b.cfg.AMQPURL)
+	if err != nil {
+		return nil, fmt.Errorf("bare latency: connect: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("bare latency: open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return nil, fmt.Errorf("bare latency: confirm mode: %w", err)
+	}
+	payload := bytes.Repeat([]byte("x"), b.cfg.PayloadBytes)
+	return b.paced(ctx, phase, func(i int) error {
+		id := fmt.Sprintf("bare-latency-%d", i)
+		b.cons.sent(id, time.Now())
+		_, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName, "latency", true, false, amqp.Publishing{
+			MessageId: id, DeliveryMode: amqp.Persistent, ContentType: "application/json", Timestamp: time.Now(), Body: payload,
+			Headers: amqp.Table{"x-outbox-id": int64(i + 1), "x-partition-key": fmt.Sprintf("p%d", i%64), "x-relay-epoch": int64(1)},
+		})
+		return err
+	})
+}
+
+// paced calls send(i) cfg.Rate times a second for cfg.Duration, then waits
+// until the consumer received every message, and returns the latencies
+// the consumer measured from the times send recorded.
+func (b *bencher) paced(ctx context.Context, phase string, send func(i int) error) ([]time.Duration, error) {
 	total := int(b.cfg.Rate * b.cfg.Duration.Seconds())
 	b.cons.expect(total)
-	payload := bytes.Repeat([]byte("x"), b.cfg.PayloadBytes)
 	interval := time.Duration(float64(time.Second) / b.cfg.Rate)
 	start := time.Now()
 	for i := 0; i < total; i++ {
 		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
 			time.Sleep(d) // pacing the producer is the point here
 		}
-		tx, err := b.db.BeginTx(ctx, nil)
-		if err != nil {
-			return nil, fmt.Errorf("latency: begin: %w", err)
-		}
-		ids, err := outbox.Enqueue(ctx, tx, outbox.Message{PartitionKey: fmt.Sprintf("p%d", i%64), RoutingKey: "latency", Payload: payload})
-		if err != nil {
-			tx.Rollback()
-			return nil, fmt.Errorf("latency: enqueue: %w", err)
-		}
-		b.cons.sent(ids[0].String(), time.Now())
-		if err := tx.Commit(); err != nil {
-			return nil, fmt.Errorf("latency: commit: %w", err)
+		if err := send(i); err != nil {
+			return nil, fmt.Errorf("%s: message %d: %w", phase, i, err)
 		}
 		if i%100 == 0 {
 			b.bar(phase, i, total)
 		}
 	}
 	if err := b.cons.wait(ctx, time.Minute, nil); err != nil {
-		return nil, fmt.Errorf("latency: %w", err)
+		return nil, fmt.Errorf("%s: %w", phase, err)
 	}
 	return b.cons.latencies(), nil
 }
@@ -414,38 +493,93 @@ func (p *relayProc) kill() {
 
 // bare publishes cfg.Backlog messages like the relay's for the backlog
 // (persistent, mandatory, same size, properties and headers) from one
-// channel with the same confirm window, and returns msgs/s until the
-// consumer received them all.
-func (b *bencher) bare(ctx context.Context, run int) (float64, error) {
-	if err := b.cons.purge(); err != nil {
-		return 0, err
-	}
+// channel with the same confirm window, and returns msgs/s until the queue
+// held them all (toQueue), measured exactly as the relay's catch-up.
+func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error) {
 	conn, err := amqp.Dial(b.cfg.AMQPURL)
 	if err != nil {
 		return 0, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close()
 	payload := bytes.Repeat([]byte("x"), b.cfg.PayloadBytes)
-	b.cons.expect(b.cfg.Backlog)
-	start := time.Now()
-	// One channel with at most ConfirmWindow unconfirmed, like each relay
-	// lane, sending the message the relay sends for a backlog row (design
-	// §3): properties and the relay's headers. Broker cost grows with them,
-	// so a lighter message would not be the same ceiling.
-	err = PublishBare(ctx, conn, exchangeName, "backlog", 1, b.cfg.Backlog, b.cfg.ConfirmWindow, func(i int) amqp.Publishing {
-		return amqp.Publishing{
-			MessageId: fmt.Sprintf("bare-%d", i), DeliveryMode: amqp.Persistent, ContentType: "application/json",
-			Type: "", Timestamp: time.Now(), Body: payload,
-			Headers: amqp.Table{"x-outbox-id": int64(i + 1), "x-partition-key": fmt.Sprintf("p%d", i%1000), "x-relay-epoch": int64(1)},
-		}
+	published := make(chan error, 1)
+	phase := fmt.Sprintf("run %d: bare publisher", run)
+	if live {
+		phase += " to a live consumer"
+	}
+	rate, err := b.toQueue(ctx, phase, live, func() error {
+		go func() {
+			// One channel with at most ConfirmWindow unconfirmed, like
+			// each relay lane, sending the message the relay sends for a
+			// backlog row (design §3): properties and the relay's headers.
+			// Broker cost grows with them, so a lighter message would not
+			// be the same ceiling.
+			published <- PublishBare(ctx, conn, exchangeName, "backlog", 1, b.cfg.Backlog, b.cfg.ConfirmWindow, func(i int) amqp.Publishing {
+				return amqp.Publishing{
+					MessageId: fmt.Sprintf("bare-%d", i), DeliveryMode: amqp.Persistent, ContentType: "application/json",
+					Type: "", Timestamp: time.Now(), Body: payload,
+					Headers: amqp.Table{"x-outbox-id": int64(i + 1), "x-partition-key": fmt.Sprintf("p%d", i%1000), "x-relay-epoch": int64(1)},
+				}
+			})
+		}()
+		return nil
 	})
+	if perr := <-published; perr != nil {
+		return 0, fmt.Errorf("bare publisher: %w", perr)
+	}
+	return rate, err
+}
+
+// toQueue measures a throughput phase: how fast Backlog messages get into
+// the queue. start begins publishing and returns at once.
+//
+// Without live, the consumer is paused: the phase ends when the queue holds
+// Backlog messages (every one routed to and accepted by it), and nothing
+// else shares the machine with the publisher measured; the broker keeps
+// every message, as it does when a backlog outruns its consumers. Then,
+// untimed, the consumer resumes and every message must arrive once.
+//
+// With live, a consumer drains the queue as fast as it can while the phase
+// runs, and the phase ends when it has received every message: the broker
+// hands messages on instead of keeping them, and the consumer takes its
+// share of the machine's two cores.
+func (b *bencher) toQueue(ctx context.Context, phase string, live bool, start func() error) (float64, error) {
+	if err := b.cons.purge(); err != nil {
+		return 0, err
+	}
+	progress := func(n int) { b.bar(phase, n, b.cfg.Backlog) }
+	if live {
+		b.cons.expect(b.cfg.Backlog)
+		t0 := time.Now()
+		err := start()
+		if err == nil {
+			err = b.cons.wait(ctx, 10*time.Minute, progress)
+		}
+		if err != nil {
+			return 0, err
+		}
+		return float64(b.cfg.Backlog) / time.Since(t0).Seconds(), nil
+	}
+	if err := b.cons.pause(); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	err := start()
+	if err == nil {
+		err = b.cons.waitDepth(ctx, b.cfg.Backlog, 10*time.Minute, progress)
+	}
+	elapsed := time.Since(t0)
+	b.cons.expect(b.cfg.Backlog)
+	if rerr := b.cons.resume(); err == nil {
+		err = rerr
+	}
 	if err != nil {
 		return 0, err
 	}
-	if err := b.cons.wait(ctx, 10*time.Minute, func(n int) { b.bar(fmt.Sprintf("run %d: bare publisher", run), n, b.cfg.Backlog) }); err != nil {
-		return 0, fmt.Errorf("bare publisher: %w", err)
+	if err := b.cons.wait(ctx, 10*time.Minute, func(n int) { b.bar(phase+": check", n, b.cfg.Backlog) }); err != nil {
+		return 0, fmt.Errorf("after the queue filled: %w", err)
 	}
-	return float64(b.cfg.Backlog) / time.Since(start).Seconds(), nil
+	return float64(b.cfg.Backlog) / elapsed.Seconds(), nil
 }
 
 func machine(ctx context.Context, db *sql.DB) string {

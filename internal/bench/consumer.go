@@ -13,9 +13,11 @@ import (
 // against the number a phase expects, with commit → receive latencies for
 // the messages whose commit time was recorded.
 type consumer struct {
-	conn *amqp.Connection
-	ch   *amqp.Channel
-	done chan struct{}
+	conn  *amqp.Connection
+	ch    *amqp.Channel
+	probe *amqp.Channel // queue depth, on its own channel
+	tag   string        // consumer tag while consuming, "" while paused
+	done  chan struct{} // closed when the delivery loop of the current consume ends
 
 	mu      sync.Mutex
 	want    int
@@ -30,7 +32,7 @@ func newConsumer(url string) (*consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: connect to RabbitMQ: %w", err)
 	}
-	c := &consumer{conn: conn, done: make(chan struct{}), changed: make(chan struct{}, 1)}
+	c := &consumer{conn: conn, changed: make(chan struct{}, 1)}
 	if err := c.setup(); err != nil {
 		conn.Close()
 		return nil, err
@@ -56,12 +58,23 @@ func (c *consumer) setup() error {
 	if _, err := ch.QueuePurge(queueName, false); err != nil {
 		return fmt.Errorf("bench: purge queue %s: %w", queueName, err)
 	}
-	deliveries, err := ch.Consume(queueName, "", true, true, false, false, nil)
+	if c.probe, err = c.conn.Channel(); err != nil {
+		return fmt.Errorf("bench: open channel: %w", err)
+	}
+	return c.resume()
+}
+
+// resume starts consuming (auto-ack) and counting what arrives.
+func (c *consumer) resume() error {
+	c.tag = fmt.Sprintf("bench-%d", time.Now().UnixNano())
+	deliveries, err := c.ch.Consume(queueName, c.tag, true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("bench: consume %s: %w", queueName, err)
 	}
+	done := make(chan struct{})
+	c.done = done
 	go func() {
-		defer close(c.done)
+		defer close(done)
 		for d := range deliveries {
 			c.received(d.MessageId, time.Now())
 		}
@@ -69,9 +82,60 @@ func (c *consumer) setup() error {
 	return nil
 }
 
+// pause stops consuming: messages stay in the queue until resume. The
+// throughput phases run paused, so that they measure publishing into the
+// queue and no consumer shares the machine with the publisher measured.
+func (c *consumer) pause() error {
+	if err := c.ch.Cancel(c.tag, false); err != nil {
+		return fmt.Errorf("bench: cancel consumer: %w", err)
+	}
+	<-c.done // amqp091 closes deliveries once the broker confirmed the cancel
+	c.tag = ""
+	return nil
+}
+
+// depth is the number of messages ready in the queue.
+func (c *consumer) depth() (int, error) {
+	q, err := c.probe.QueueDeclarePassive(queueName, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("bench: read depth of queue %s: %w", queueName, err)
+	}
+	return q.Messages, nil
+}
+
+// waitDepth blocks until the queue holds at least n messages: everything a
+// throughput phase publishes has been routed to and accepted by the queue.
+func (c *consumer) waitDepth(ctx context.Context, n int, timeout time.Duration, progress func(int)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		got, err := c.depth()
+		if err != nil {
+			return err
+		}
+		if progress != nil {
+			progress(got)
+		}
+		if got >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the queue holds %d of %d messages after %s", got, n, timeout)
+		}
+		// A passive declare is one round trip: polling every 20 ms costs
+		// the broker next to nothing and the phase at most 20 ms.
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 func (c *consumer) close() {
 	c.conn.Close()
-	<-c.done
+	if c.done != nil {
+		<-c.done
+	}
 }
 
 func (c *consumer) purge() error {

@@ -34,12 +34,17 @@ func (r *Result) Table(w io.Writer) {
 	row("commit → receive p95 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP95Ms })
 	row("commit → receive p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP99Ms })
 	row("commit → receive max (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyMaxMs })
-	row("catch-up (msg/s)", "%.0f", func(m ModeResult) Stat { return m.CatchUpMsgsPerS })
+	row("bare publish → receive p50 (ms)", "%.2f", func(m ModeResult) Stat { return m.BareLatencyP50Ms })
+	row("bare publish → receive p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.BareLatencyP99Ms })
+	row("catch-up into the queue (msg/s)", "%.0f", func(m ModeResult) Stat { return m.CatchUpMsgsPerS })
 	row("ratio to bare publisher", "%.2f", func(m ModeResult) Stat { return m.RatioToBare })
+	row("catch-up, live consumer (msg/s)", "%.0f", func(m ModeResult) Stat { return m.CatchUpLiveMsgsPerS })
+	row("ratio to bare, live consumer", "%.2f", func(m ModeResult) Stat { return m.RatioToBareLive })
 	row("idle DB queries/s", "%.2f", func(m ModeResult) Stat { return m.IdleQueriesPerS })
 	row("relay CPU (s)", "%.1f", func(m ModeResult) Stat { return m.RelayCPUSeconds })
 	row("relay peak RSS (MiB)", "%.0f", func(m ModeResult) Stat { return m.RelayPeakRSSMiB })
 	tw.Flush()
-	b := r.BareMsgsPerS
-	fmt.Fprintf(w, "\nbare amqp091 publisher, same queue and window: %.0f msg/s [%.0f … %.0f]\n", b.Median, b.Min, b.Max)
+	b, l := r.BareMsgsPerS, r.BareLiveMsgsPerS
+	fmt.Fprintf(w, "\nbare amqp091 publisher, same queue and window: %.0f msg/s [%.0f … %.0f] into the queue, "+
+		"%.0f msg/s [%.0f … %.0f] to a live consumer\n", b.Median, b.Min, b.Max, l.Median, l.Min, l.Max)
 }
