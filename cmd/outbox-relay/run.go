@@ -57,7 +57,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.IntVar(&cfg.PollBatch, "poll-batch", 500, "poll: rows one worker claims per transaction")
 	fs.IntVar(&cfg.PollWorkers, "poll-workers", 2, "poll: workers, each with its own AMQP channel (2 measured best beside a local database)")
 	fs.Var(&maxInflight, "max-inflight-bytes", "`bytes` of messages read but not yet confirmed (e.g. 64MiB); when full, reading stops")
-	fs.IntVar(&cfg.Lanes, "lanes", 16, "publishing lanes (AMQP channels); rows of one partition key share a lane")
+	fs.IntVar(&cfg.Lanes, "lanes", 2, "publishing lanes (AMQP channels); rows of one partition key share a lane (raise for a far broker: a lane carries at most --confirm-window messages per round trip)")
 	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", 256, "unconfirmed messages per lane")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 5, "broker nacks before a message goes to outbox_failed")
 	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", 30*time.Second, "how often an idle relay moves its stored position past other tables' transactions")
