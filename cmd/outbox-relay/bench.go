@@ -18,8 +18,9 @@ func init() {
 		summary: "measure latency, catch-up throughput, idle cost and resources of the relay",
 		help: `Runs the relay (this binary, as a subprocess) against --mysql-dsn, which must be a
 binlog-enabled server whose database bench may empty, and --amqp-url, and prints
-one table: commit → receive latency at --rate for --duration (beside a bare
-amqp091 publisher's publish → receive latency at the same rate just before it);
+one table: commit → receive latency at --rate for --duration (beside how long
+the COMMITs themselves took, and a bare amqp091 publisher's publish → receive
+latency at the same rate just before it);
 catch-up msg/s on a --backlog of --payload-bytes messages and its ratio to a bare
 amqp091 publisher with the same confirm window to the same queue, measured twice:
 into the queue with no consumer attached (until the queue holds every message,

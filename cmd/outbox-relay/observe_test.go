@@ -197,7 +197,8 @@ func TestBenchShortModeJSON(t *testing.T) {
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("bench JSON: %v\n%s", err, out)
 	}
-	figures := []string{"latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms", "catch_up_msgs_per_s",
+	figures := []string{"latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms",
+		"commit_p99_ms", "commit_max_ms", "bare_latency_p50_ms", "bare_latency_p99_ms", "catch_up_msgs_per_s",
 		"ratio_to_bare", "catch_up_live_consumer_msgs_per_s", "ratio_to_bare_live_consumer", "idle_queries_per_s", "relay_cpu_seconds", "relay_peak_rss_mib"}
 	if res.BareMsgsPerS["median"] <= 0 || res.BareLiveMsgsPerS["median"] <= 0 {
 		t.Errorf("bare publisher figure missing or zero: %v, live consumer %v", res.BareMsgsPerS, res.BareLiveMsgsPerS)

@@ -76,8 +76,12 @@ type ModeResult struct {
 	// measured just before the relay's.
 	BareLatencyP50Ms Stat `json:"bare_latency_p50_ms"`
 	BareLatencyP99Ms Stat `json:"bare_latency_p99_ms"`
-	CatchUpMsgsPerS  Stat `json:"catch_up_msgs_per_s"` // into the queue, no consumer attached
-	RatioToBare      Stat `json:"ratio_to_bare"`
+	// How long the latency phase's COMMITs took: a max near the latency max
+	// means the stall was the database's commit, not the relay.
+	CommitP99Ms     Stat `json:"commit_p99_ms"`
+	CommitMaxMs     Stat `json:"commit_max_ms"`
+	CatchUpMsgsPerS Stat `json:"catch_up_msgs_per_s"` // into the queue, no consumer attached
+	RatioToBare     Stat `json:"ratio_to_bare"`
 	// The same catch-up while a consumer drains the queue as fast as it
 	// can, on the same machine, against the bare publisher measured so.
 	CatchUpLiveMsgsPerS Stat `json:"catch_up_live_consumer_msgs_per_s"`
@@ -184,6 +188,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			LatencyMaxMs: statOf(s["max"]), CatchUpMsgsPerS: statOf(s["catch_up"]), RatioToBare: statOf(s["ratio"]),
 			CatchUpLiveMsgsPerS: statOf(s["catch_up_live"]), RatioToBareLive: statOf(s["ratio_live"]),
 			BareLatencyP50Ms: statOf(s["bare_p50"]), BareLatencyP99Ms: statOf(s["bare_p99"]),
+			CommitP99Ms: statOf(s["commit_p99"]), CommitMaxMs: statOf(s["commit_max"]),
 			IdleQueriesPerS: statOf(s["idle_qps"]), RelayCPUSeconds: statOf(s["cpu"]), RelayPeakRSSMiB: statOf(s["rss"]),
 		}
 	}
@@ -245,13 +250,15 @@ func (b *bencher) runOnce(ctx context.Context, mode string, run int) (map[string
 	}
 	slices.Sort(bareLat)
 	out["bare_p50"], out["bare_p99"] = percentileMs(bareLat, 0.50), percentileMs(bareLat, 0.99)
-	lat, err := b.latency(ctx, fmt.Sprintf("%s run %d: latency", mode, run))
+	lat, commits, err := b.latency(ctx, fmt.Sprintf("%s run %d: latency", mode, run))
 	if err != nil {
 		return nil, err
 	}
 	slices.Sort(lat)
 	out["p50"], out["p95"], out["p99"] = percentileMs(lat, 0.50), percentileMs(lat, 0.95), percentileMs(lat, 0.99)
 	out["max"] = percentileMs(lat, 1)
+	slices.Sort(commits)
+	out["commit_p99"], out["commit_max"] = percentileMs(commits, 0.99), percentileMs(commits, 1)
 
 	b.progress("%s run %d: idle", mode, run)
 	if out["idle_qps"], err = b.idleQueries(ctx, 5*time.Second); err != nil {
@@ -312,11 +319,13 @@ func (b *bencher) probe(ctx context.Context) error {
 }
 
 // latency writes one-row transactions at cfg.Rate for cfg.Duration and
-// returns each message's commit → receive time. Commit start is recorded
-// before the commit: the relay may deliver before Commit returns.
-func (b *bencher) latency(ctx context.Context, phase string) ([]time.Duration, error) {
+// returns each message's commit → receive time, and how long each COMMIT
+// took. Commit start is recorded before the commit: the relay may deliver
+// before Commit returns. A slow COMMIT (the server's log flush) is in the
+// first figure too, and the second tells it from a stall after the commit.
+func (b *bencher) latency(ctx context.Context, phase string) (lats, commits []time.Duration, err error) {
 	payload := bytes.Repeat([]byte("x"), b.cfg.PayloadBytes)
-	return b.paced(ctx, phase, func(i int) error {
+	lats, err = b.paced(ctx, phase, func(i int) error {
 		tx, err := b.db.BeginTx(ctx, nil)
 		if err != nil {
 			return fmt.Errorf("begin: %w", err)
@@ -326,12 +335,15 @@ func (b *bencher) latency(ctx context.Context, phase string) ([]time.Duration, e
 			tx.Rollback()
 			return fmt.Errorf("enqueue: %w", err)
 		}
-		b.cons.sent(ids[0].String(), time.Now())
+		start := time.Now()
+		b.cons.sent(ids[0].String(), start)
 		if err := tx.Commit(); err != nil {
 			return fmt.Errorf("commit: %w", err)
 		}
+		commits = append(commits, time.Since(start))
 		return nil
 	})
+	return lats, commits, err
 }
 
 // bareLatency publishes at cfg.Rate for cfg.Duration from a bare amqp091

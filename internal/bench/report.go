@@ -34,6 +34,8 @@ func (r *Result) Table(w io.Writer) {
 	row("commit → receive p95 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP95Ms })
 	row("commit → receive p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP99Ms })
 	row("commit → receive max (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyMaxMs })
+	row("COMMIT duration p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.CommitP99Ms })
+	row("COMMIT duration max (ms)", "%.2f", func(m ModeResult) Stat { return m.CommitMaxMs })
 	row("bare publish → receive p50 (ms)", "%.2f", func(m ModeResult) Stat { return m.BareLatencyP50Ms })
 	row("bare publish → receive p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.BareLatencyP99Ms })
 	row("catch-up into the queue (msg/s)", "%.0f", func(m ModeResult) Stat { return m.CatchUpMsgsPerS })
