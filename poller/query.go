@@ -146,12 +146,11 @@ func (q queries) candidates(cursor string, limit int, maxID uint64) (string, []a
 		after = "partition_key > ?"
 		args = append(args, cursor)
 	}
-	branch1 := "(SELECT id, partition_key, 1 AS branch FROM " + t + " FORCE INDEX (idx_head)" +
-		" WHERE " + after + " AND delivered_at IS NULL AND available_at IS NULL" + b +
-		" ORDER BY partition_key, id LIMIT " + l + ")"
+	from := " FROM " + t + " FORCE INDEX (idx_head)" +
+		" WHERE " + after + " AND delivered_at IS NULL AND available_at IS NULL" + b
+	branch1 := "(SELECT id, partition_key, 1 AS branch" + from + " ORDER BY partition_key, id LIMIT " + l + ")"
 	if q.mark {
-		branch1 = "(SELECT MIN(id) AS id, partition_key, 1 AS branch FROM " + t + " FORCE INDEX (idx_head)" +
-			" WHERE " + after + " AND delivered_at IS NULL AND available_at IS NULL" + b +
+		branch1 = "(SELECT MIN(id) AS id, partition_key, 1 AS branch" + from +
 			" GROUP BY partition_key ORDER BY partition_key LIMIT " + l + ")"
 	}
 	return branch1 +

@@ -264,7 +264,7 @@ func (b *bencher) runOnce(ctx context.Context, mode string, run int) (map[string
 	if out["idle_qps"], err = b.idleQueries(ctx, 5*time.Second); err != nil {
 		return nil, err
 	}
-	cpu1, rss1, err := procUsage(relay.cmd.Process.Pid)
+	cpu, rss, err := procUsage(relay.cmd.Process.Pid)
 	if err != nil {
 		return nil, err
 	}
@@ -272,8 +272,6 @@ func (b *bencher) runOnce(ctx context.Context, mode string, run int) (map[string
 		return nil, err
 	}
 
-	cpu := cpu1
-	rss := rss1
 	for _, live := range []bool{false, true} {
 		key, phase := "catch_up", fmt.Sprintf("%s run %d: catch-up", mode, run)
 		if live {
@@ -367,12 +365,21 @@ func (b *bencher) bareLatency(ctx context.Context, phase string) ([]time.Duratio
 	return b.paced(ctx, phase, func(i int) error {
 		id := fmt.Sprintf("bare-latency-%d", i)
 		b.cons.sent(id, time.Now())
-		_, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName, "latency", true, false, amqp.Publishing{
-			MessageId: id, DeliveryMode: amqp.Persistent, ContentType: "application/json", Timestamp: time.Now(), Body: payload,
-			Headers: amqp.Table{"x-outbox-id": int64(i + 1), "x-partition-key": fmt.Sprintf("p%d", i%64), "x-relay-epoch": int64(1)},
-		})
+		_, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName, "latency", true, false,
+			relayShaped(id, i, fmt.Sprintf("p%d", i%64), payload))
 		return err
 	})
+}
+
+// relayShaped is message i as the relay sends a row (design §3): its
+// properties and the relay's headers. Broker cost grows with them, so the
+// bare publisher sends this shape: a lighter message would not be the same
+// ceiling.
+func relayShaped(id string, i int, partitionKey string, payload []byte) amqp.Publishing {
+	return amqp.Publishing{
+		MessageId: id, DeliveryMode: amqp.Persistent, ContentType: "application/json", Timestamp: time.Now(), Body: payload,
+		Headers: amqp.Table{"x-outbox-id": int64(i + 1), "x-partition-key": partitionKey, "x-relay-epoch": int64(1)},
+	}
 }
 
 // paced calls send(i) cfg.Rate times a second for cfg.Duration, then waits
@@ -522,16 +529,9 @@ func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error)
 	rate, err := b.toQueue(ctx, phase, live, func() error {
 		go func() {
 			// One channel with at most ConfirmWindow unconfirmed, like
-			// each relay lane, sending the message the relay sends for a
-			// backlog row (design §3): properties and the relay's headers.
-			// Broker cost grows with them, so a lighter message would not
-			// be the same ceiling.
+			// each relay lane.
 			published <- PublishBare(ctx, conn, exchangeName, "backlog", 1, b.cfg.Backlog, b.cfg.ConfirmWindow, func(i int) amqp.Publishing {
-				return amqp.Publishing{
-					MessageId: fmt.Sprintf("bare-%d", i), DeliveryMode: amqp.Persistent, ContentType: "application/json",
-					Type: "", Timestamp: time.Now(), Body: payload,
-					Headers: amqp.Table{"x-outbox-id": int64(i + 1), "x-partition-key": fmt.Sprintf("p%d", i%1000), "x-relay-epoch": int64(1)},
-				}
+				return relayShaped(fmt.Sprintf("bare-%d", i), i, fmt.Sprintf("p%d", i%1000), payload)
 			})
 		}()
 		return nil
