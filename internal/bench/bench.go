@@ -526,7 +526,9 @@ func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error)
 	if live {
 		phase += " to a live consumer"
 	}
+	started := false
 	rate, err := b.toQueue(ctx, phase, live, func() error {
+		started = true
 		go func() {
 			// One channel with at most ConfirmWindow unconfirmed, like
 			// each relay lane.
@@ -536,10 +538,18 @@ func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error)
 		}()
 		return nil
 	})
-	if perr := <-published; perr != nil {
-		return 0, fmt.Errorf("bare publisher: %w", perr)
+	if err != nil {
+		conn.Close() // ends a publisher still waiting for confirms
 	}
-	return rate, err
+	if started { // else toQueue failed before publishing: nothing to wait for
+		if perr := <-published; perr != nil && err == nil {
+			err = fmt.Errorf("bare publisher: %w", perr)
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	return rate, nil
 }
 
 // toQueue measures a throughput phase: how fast Backlog messages get into
