@@ -7,6 +7,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // countingHandler only counts, so the benchmark measures the tailer. It
@@ -19,12 +20,12 @@ type countingHandler struct {
 
 func (h *countingHandler) Row(context.Context, *outbox.Record) error { h.rows++; return nil }
 
-func (h *countingHandler) Commit(_ context.Context, pos Position, _ int) error {
-	have, err := parseGTIDSet(FlavorMariaDB, pos.GTIDSet)
+func (h *countingHandler) Commit(_ context.Context, pos position.Position, _ int) error {
+	have, err := position.ParseGTIDSet(FlavorMariaDB, pos.GTIDSet)
 	if err != nil {
 		return err
 	}
-	want, err := parseGTIDSet(FlavorMariaDB, h.end)
+	want, err := position.ParseGTIDSet(FlavorMariaDB, h.end)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,8 @@ package canal
 
 import (
 	"fmt"
+
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // Names of the preflight checks, the Check field of a PreflightError.
@@ -49,7 +51,7 @@ func (e *SchemaError) Error() string {
 // binlogs holding it were purged, or the position is not in the server's
 // history at all (diverged, e.g. after a failover that lost transactions).
 type PurgedError struct {
-	Position Position
+	Position position.Position
 	Detail   string // the server's message or what CheckPosition compared
 }
 

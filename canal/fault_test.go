@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // tableIDs is the truth: the ids in the outbox table, in order.
@@ -255,13 +256,13 @@ func TestPurgedPosition(t *testing.T) {
 	} else {
 		t.Log(err)
 	}
-	if err := CheckPosition(ctx, db.SQL, Position{Flavor: FlavorMariaDB, File: oldFile, Pos: 4}); !errors.As(err, &pe) {
+	if err := CheckPosition(ctx, db.SQL, position.Position{Flavor: FlavorMariaDB, File: oldFile, Pos: 4}); !errors.As(err, &pe) {
 		t.Fatalf("CheckPosition(file %s) = %v, want *PurgedError", oldFile, err)
 	}
 	if err := CheckPosition(ctx, db.SQL, cur); err != nil {
 		t.Fatalf("CheckPosition(current %s) = %v", cur, err)
 	}
-	ahead := Position{Flavor: FlavorMariaDB, GTIDSet: fmt.Sprintf("0-%d-999999", srv.ServerID())}
+	ahead := position.Position{Flavor: FlavorMariaDB, GTIDSet: fmt.Sprintf("0-%d-999999", srv.ServerID())}
 	if err := CheckPosition(ctx, db.SQL, ahead); !errors.As(err, &pe) {
 		t.Fatalf("CheckPosition(%s) = %v, want *PurgedError (diverged)", ahead, err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -174,7 +175,7 @@ type collector struct {
 }
 
 type collected struct {
-	pos  Position
+	pos  position.Position
 	rows int
 }
 
@@ -193,7 +194,7 @@ func (c *collector) Row(ctx context.Context, rec *outbox.Record) error {
 	return nil
 }
 
-func (c *collector) Commit(ctx context.Context, pos Position, rows int) error {
+func (c *collector) Commit(ctx context.Context, pos position.Position, rows int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if rows < c.cur && c.err == nil {
@@ -210,11 +211,11 @@ func (c *collector) snapshot() ([]*outbox.Record, []collected) {
 	return append([]*outbox.Record(nil), c.recs...), append([]collected(nil), c.txns...)
 }
 
-func (c *collector) lastPos() (Position, bool) {
+func (c *collector) lastPos() (position.Position, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.txns) == 0 {
-		return Position{}, false
+		return position.Position{}, false
 	}
 	return c.txns[len(c.txns)-1].pos, true
 }
@@ -226,7 +227,7 @@ type running struct {
 	err    error
 }
 
-func startRun(t testing.TB, tl *Tailer, from Position, h Handler) *running {
+func startRun(t testing.TB, tl *Tailer, from position.Position, h Handler) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -258,12 +259,12 @@ func (r *running) exited() (error, bool) {
 }
 
 // covers reports whether MariaDB position p has reached end in every domain.
-func covers(t testing.TB, p, end Position) bool {
-	have, err := parseGTIDSet(FlavorMariaDB, p.GTIDSet)
+func covers(t testing.TB, p, end position.Position) bool {
+	have, err := position.ParseGTIDSet(FlavorMariaDB, p.GTIDSet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := parseGTIDSet(FlavorMariaDB, end.GTIDSet)
+	want, err := position.ParseGTIDSet(FlavorMariaDB, end.GTIDSet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func covers(t testing.TB, p, end Position) bool {
 }
 
 // waitCovered waits until c has committed a position at or past end.
-func waitCovered(t testing.TB, r *running, c *collector, end Position, timeout time.Duration) {
+func waitCovered(t testing.TB, r *running, c *collector, end position.Position, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -289,7 +290,7 @@ func waitCovered(t testing.TB, r *running, c *collector, end Position, timeout t
 	}
 }
 
-func currentPosition(t testing.TB, db *sql.DB) Position {
+func currentPosition(t testing.TB, db *sql.DB) position.Position {
 	t.Helper()
 	p, err := CurrentPosition(testCtx(t), db)
 	if err != nil {

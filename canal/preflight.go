@@ -12,6 +12,8 @@ import (
 	"github.com/go-mysql-org/go-mysql/mysql"
 	driver "github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // DetectFlavor reports "mariadb" or "mysql" from the server's version.
@@ -27,27 +29,27 @@ func DetectFlavor(ctx context.Context, db *sql.DB) (string, error) {
 // (always GTID), @@gtid_executed on MySQL with gtid_mode ON, else the file
 // and offset of SHOW BINARY LOG STATUS (SHOW MASTER STATUS before MySQL
 // 8.0.22). An empty GTID position (no transaction binlogged yet) is returned
-// as the zero Position of its flavor, which Run streams from the start.
-func CurrentPosition(ctx context.Context, db *sql.DB) (Position, error) {
+// as the zero position.Position of its flavor, which Run streams from the start.
+func CurrentPosition(ctx context.Context, db *sql.DB) (position.Position, error) {
 	flavor, err := DetectFlavor(ctx, db)
 	if err != nil {
-		return Position{}, err
+		return position.Position{}, err
 	}
-	p := Position{Flavor: flavor}
+	p := position.Position{Flavor: flavor}
 	if flavor == FlavorMariaDB {
 		if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_binlog_pos").Scan(&p.GTIDSet); err != nil {
-			return Position{}, fmt.Errorf("read @@gtid_binlog_pos: %w", err)
+			return position.Position{}, fmt.Errorf("read @@gtid_binlog_pos: %w", err)
 		}
 		return p, nil
 	}
 	var mode string
 	if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_mode").Scan(&mode); err != nil {
-		return Position{}, fmt.Errorf("read @@gtid_mode: %w", err)
+		return position.Position{}, fmt.Errorf("read @@gtid_mode: %w", err)
 	}
 	if strings.EqualFold(mode, "ON") {
 		var set string
 		if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_executed").Scan(&set); err != nil {
-			return Position{}, fmt.Errorf("read @@gtid_executed: %w", err)
+			return position.Position{}, fmt.Errorf("read @@gtid_executed: %w", err)
 		}
 		p.GTIDSet = strings.ReplaceAll(strings.ReplaceAll(set, "\n", ""), " ", "")
 		return p, nil
@@ -57,15 +59,15 @@ func CurrentPosition(ctx context.Context, db *sql.DB) (Position, error) {
 		rows, err = queryMaps(ctx, db, "SHOW MASTER STATUS")
 	}
 	if err != nil {
-		return Position{}, fmt.Errorf("read the binlog position (SHOW MASTER STATUS): %w", err)
+		return position.Position{}, fmt.Errorf("read the binlog position (SHOW MASTER STATUS): %w", err)
 	}
 	if len(rows) == 0 {
-		return Position{}, errors.New("read the binlog position: SHOW MASTER STATUS is empty (log_bin is OFF)")
+		return position.Position{}, errors.New("read the binlog position: SHOW MASTER STATUS is empty (log_bin is OFF)")
 	}
 	p.File = rows[0]["file"]
 	pos, err := strconv.ParseUint(rows[0]["position"], 10, 32)
 	if err != nil {
-		return Position{}, fmt.Errorf("read the binlog position: bad Position %q: %w", rows[0]["position"], err)
+		return position.Position{}, fmt.Errorf("read the binlog position: bad position.Position %q: %w", rows[0]["position"], err)
 	}
 	p.Pos = uint32(pos)
 	return p, nil
@@ -299,7 +301,7 @@ func quoteAccount(u string) string {
 // @@gtid_binlog_pos (a sequence ahead of the server is a divergence). MySQL:
 // @@gtid_purged must be a subset of pos and pos of @@gtid_executed. File
 // positions: the file must still be listed by SHOW BINARY LOGS.
-func CheckPosition(ctx context.Context, db *sql.DB, pos Position) error {
+func CheckPosition(ctx context.Context, db *sql.DB, pos position.Position) error {
 	if pos.IsZero() {
 		return nil
 	}
@@ -317,7 +319,7 @@ func CheckPosition(ctx context.Context, db *sql.DB, pos Position) error {
 	if len(logs) == 0 {
 		return fmt.Errorf("check position %s: the server lists no binary logs (log_bin is OFF)", pos)
 	}
-	if !pos.gtidMode() {
+	if !pos.GTIDMode() {
 		for _, l := range logs {
 			if l["log_name"] == pos.File {
 				size, _ := strconv.ParseUint(l["file_size"], 10, 64)
@@ -345,7 +347,7 @@ func CheckPosition(ctx context.Context, db *sql.DB, pos Position) error {
 		return nil
 	}
 
-	have, err := parseGTIDSet(FlavorMariaDB, pos.GTIDSet)
+	have, err := position.ParseGTIDSet(FlavorMariaDB, pos.GTIDSet)
 	if err != nil {
 		return fmt.Errorf("check position: %w", err)
 	}
@@ -354,11 +356,11 @@ func CheckPosition(ctx context.Context, db *sql.DB, pos Position) error {
 	if err := db.QueryRowContext(ctx, "SELECT BINLOG_GTID_POS(?, 4), @@GLOBAL.gtid_binlog_pos", oldestFile).Scan(&oldestState, &current); err != nil {
 		return fmt.Errorf("check position %s: read the GTID state of %s: %w", pos, oldestFile, err)
 	}
-	oldest, err := parseGTIDSet(FlavorMariaDB, oldestState.String)
+	oldest, err := position.ParseGTIDSet(FlavorMariaDB, oldestState.String)
 	if err != nil {
 		return fmt.Errorf("check position: GTID state of %s: %w", oldestFile, err)
 	}
-	cur, err := parseGTIDSet(FlavorMariaDB, current.String)
+	cur, err := position.ParseGTIDSet(FlavorMariaDB, current.String)
 	if err != nil {
 		return fmt.Errorf("check position: @@gtid_binlog_pos: %w", err)
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/go-mysql-org/go-mysql/replication"
 	"github.com/google/uuid"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // session is the state of one Run across its reconnects: what has been
@@ -20,9 +22,9 @@ type session struct {
 
 	flavor    string
 	gtidMode  bool
-	committed Position      // after the last transaction passed to Commit (or Run's from)
-	done      mysql.GTIDSet // GTID mode: committed as a set, advanced by each transaction's GTID
-	file      string        // binlog file being read (RotateEvent); informational in GTID mode
+	committed position.Position // after the last transaction passed to Commit (or Run's from)
+	done      mysql.GTIDSet     // GTID mode: committed as a set, advanced by each transaction's GTID
+	file      string            // binlog file being read (RotateEvent); informational in GTID mode
 
 	// The transaction being read.
 	open     bool       // between its start (GTID or BEGIN) and its end
@@ -73,7 +75,7 @@ func (s *session) init(flavor string) error {
 	if !s.gtidMode {
 		return nil
 	}
-	set, err := parseGTIDSet(flavor, s.committed.GTIDSet)
+	set, err := position.ParseGTIDSet(flavor, s.committed.GTIDSet)
 	if err != nil {
 		return &fatalError{fmt.Errorf("start position: %w", err)}
 	}
@@ -288,7 +290,7 @@ func (s *session) commit(ctx context.Context, ev *replication.BinlogEvent) error
 		s.resetTxn()
 		return nil
 	}
-	pos := Position{Flavor: s.flavor, File: s.file, Pos: ev.Header.LogPos}
+	pos := position.Position{Flavor: s.flavor, File: s.file, Pos: ev.Header.LogPos}
 	if s.gtidMode {
 		switch g := s.txnGTID; {
 		case g.maria != nil:

@@ -6,6 +6,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // TestStreamExactlyOnce writes outbox transactions of one and 500 rows with
@@ -204,7 +205,7 @@ func TestStreamFilePosition(t *testing.T) {
 	want := tableIDs(t, db.SQL)
 
 	c := &collector{}
-	r := startRun(t, tl, Position{File: file, Pos: pos}, c)
+	r := startRun(t, tl, position.Position{File: file, Pos: pos}, c)
 	waitFor(t, r, func() bool { got, _ := c.snapshot(); return len(got) >= len(want) })
 	// Foreign transactions may follow; give them no chance to matter.
 	if err := r.stop(); err != nil {

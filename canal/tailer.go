@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // Handler receives the stream. Calls are sequential from Run's goroutine.
@@ -29,7 +30,7 @@ type Handler interface {
 	// Commit ends every transaction, outbox or foreign: pos is the position
 	// after it, rows the outbox rows it carried (all of them, also those
 	// delivered before a reconnect). An error stops Run like Row's.
-	Commit(ctx context.Context, pos Position, rows int) error
+	Commit(ctx context.Context, pos position.Position, rows int) error
 }
 
 // Tailer streams the outbox rows of one table from the binlog. It holds only
@@ -68,8 +69,8 @@ func New(cfg Config) (*Tailer, error) {
 // offset (then Commit positions are file offsets too).
 //
 // All goroutines Run starts (go-mysql's reader) have ended when it returns.
-func (t *Tailer) Run(ctx context.Context, from Position, h Handler) error {
-	s := &session{t: t, h: h, committed: from, gtidMode: from.gtidMode()}
+func (t *Tailer) Run(ctx context.Context, from position.Position, h Handler) error {
+	s := &session{t: t, h: h, committed: from, gtidMode: from.GTIDMode()}
 	switch {
 	case t.cfg.Flavor != "" && from.Flavor != "" && from.Flavor != t.cfg.Flavor:
 		return fmt.Errorf("canal: start position %s is of flavor %q but the tailer is configured for %q", from, from.Flavor, t.cfg.Flavor)

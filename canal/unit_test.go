@@ -12,6 +12,7 @@ import (
 	"github.com/go-mysql-org/go-mysql/replication"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 func TestConfigValidateDefaults(t *testing.T) {
@@ -34,18 +35,18 @@ func TestConfigValidateDefaults(t *testing.T) {
 
 func TestPosition(t *testing.T) {
 	for _, tc := range []struct {
-		p    Position
+		p    position.Position
 		zero bool
 		gtid bool
 		str  string
 	}{
-		{Position{Flavor: "mariadb"}, true, true, "mariadb (start of binlogs)"},
-		{Position{Flavor: "mariadb", GTIDSet: "0-1-5,1-1-2"}, false, true, "mariadb gtid 0-1-5,1-1-2"},
-		{Position{Flavor: "mysql", File: "binlog.000003", Pos: 1234}, false, false, "mysql file binlog.000003:1234"},
-		{Position{Flavor: "mysql", GTIDSet: "x", File: "binlog.000003", Pos: 4}, false, true, "mysql gtid x"},
+		{position.Position{Flavor: "mariadb"}, true, true, "mariadb (start of binlogs)"},
+		{position.Position{Flavor: "mariadb", GTIDSet: "0-1-5,1-1-2"}, false, true, "mariadb gtid 0-1-5,1-1-2"},
+		{position.Position{Flavor: "mysql", File: "binlog.000003", Pos: 1234}, false, false, "mysql file binlog.000003:1234"},
+		{position.Position{Flavor: "mysql", GTIDSet: "x", File: "binlog.000003", Pos: 4}, false, true, "mysql gtid x"},
 	} {
-		if tc.p.IsZero() != tc.zero || tc.p.gtidMode() != tc.gtid || tc.p.String() != tc.str {
-			t.Errorf("%#v: IsZero %v gtidMode %v String %q", tc.p, tc.p.IsZero(), tc.p.gtidMode(), tc.p.String())
+		if tc.p.IsZero() != tc.zero || tc.p.GTIDMode() != tc.gtid || tc.p.String() != tc.str {
+			t.Errorf("%#v: IsZero %v gtidMode %v String %q", tc.p, tc.p.IsZero(), tc.p.GTIDMode(), tc.p.String())
 		}
 	}
 }
@@ -186,7 +187,7 @@ func TestMapColumnsErrors(t *testing.T) {
 // recorder is a Handler that records what it is given.
 type recorder struct {
 	rows    []uint64
-	commits []Position
+	commits []position.Position
 	counts  []int
 	rowErr  error
 }
@@ -199,19 +200,19 @@ func (r *recorder) Row(_ context.Context, rec *outbox.Record) error {
 	return nil
 }
 
-func (r *recorder) Commit(_ context.Context, pos Position, rows int) error {
+func (r *recorder) Commit(_ context.Context, pos position.Position, rows int) error {
 	r.commits = append(r.commits, pos)
 	r.counts = append(r.counts, rows)
 	return nil
 }
 
-func newTestSession(t *testing.T, h Handler, from Position) *session {
+func newTestSession(t *testing.T, h Handler, from position.Position) *session {
 	t.Helper()
 	tl, err := New(Config{Host: "h", User: "u", ServerID: 7, Schema: "app", Table: "outbox"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &session{t: tl, h: h, committed: from, gtidMode: from.gtidMode()}
+	s := &session{t: tl, h: h, committed: from, gtidMode: from.GTIDMode()}
 	if err := s.init(from.Flavor); err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +252,7 @@ func feed(t *testing.T, s *session, evs ...*replication.BinlogEvent) error {
 
 func TestSessionTransactions(t *testing.T) {
 	h := &recorder{}
-	s := newTestSession(t, h, Position{Flavor: FlavorMariaDB, GTIDSet: "0-1-4,1-1-9"})
+	s := newTestSession(t, h, position.Position{Flavor: FlavorMariaDB, GTIDSet: "0-1-4,1-1-9"})
 	tme := outboxTableMap()
 	foreign := outboxTableMap()
 	foreign.Table = []byte("other")
@@ -273,7 +274,7 @@ func TestSessionTransactions(t *testing.T) {
 	if got := h.rows; len(got) != 4 || got[0] != 1 || got[3] != 4 {
 		t.Fatalf("rows %v", got)
 	}
-	want := []Position{
+	want := []position.Position{
 		{Flavor: "mariadb", GTIDSet: "0-1-5,1-1-9", File: "bin.000001", Pos: 100},
 		{Flavor: "mariadb", GTIDSet: "0-1-5,1-1-10", File: "bin.000001", Pos: 200},
 		{Flavor: "mariadb", GTIDSet: "0-1-6,1-1-10", File: "bin.000001", Pos: 400},
@@ -293,7 +294,7 @@ func TestSessionTransactions(t *testing.T) {
 
 func TestSessionResumeSkipsDeliveredRows(t *testing.T) {
 	h := &recorder{}
-	s := newTestSession(t, h, Position{Flavor: FlavorMariaDB, GTIDSet: "0-1-4"})
+	s := newTestSession(t, h, position.Position{Flavor: FlavorMariaDB, GTIDSet: "0-1-4"})
 	tme := outboxTableMap()
 	if err := feed(t, s, mariaGTID(0, 5, false), writeRows(tme, 1, 2), writeRows(tme, 3)); err != nil {
 		t.Fatal(err)
@@ -332,7 +333,7 @@ func TestSessionResumeSkipsDeliveredRows(t *testing.T) {
 func TestSessionMySQLShapes(t *testing.T) {
 	h := &recorder{}
 	sid := []byte{0x3e, 0x11, 0xfa, 0x47, 0x71, 0xca, 0x11, 0xe1, 0x9e, 0x33, 0xc8, 0x0a, 0xa9, 0x42, 0x95, 0x62}
-	s := newTestSession(t, h, Position{Flavor: FlavorMySQL, GTIDSet: "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5"})
+	s := newTestSession(t, h, position.Position{Flavor: FlavorMySQL, GTIDSet: "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5"})
 	tme := outboxTableMap()
 	err := feed(t, s,
 		ev(replication.GTID_EVENT, 0, &replication.GTIDEvent{SID: sid, GNO: 6}),
@@ -359,7 +360,7 @@ func TestFatalClassification(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &session{committed: Position{Flavor: "mariadb", GTIDSet: "0-1-5"}}
+	s := &session{committed: position.Position{Flavor: "mariadb", GTIDSet: "0-1-5"}}
 	var pu *PurgedError
 	if err := tl.fatal(&mysql.MyError{Code: 1236, Message: "Could not find GTID state requested by slave in any binlog files"}, s); !errors.As(err, &pu) || pu.Position.GTIDSet != "0-1-5" {
 		t.Fatalf("1236: %v", err)

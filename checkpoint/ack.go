@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/ordering"
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // Ack is what one acknowledgement commits.
 type Ack struct {
-	Pos         Position // the new position; ignored when !HasPos
+	Pos         position.Position // the new position; ignored when !HasPos
 	HasPos      bool
 	Mode        string // stored in the progress row when set ("binlog"|"poll")
 	IDs         []ordering.Range
@@ -82,17 +83,6 @@ func nullIfEmpty(s string) any {
 		return nil
 	}
 	return s
-}
-
-// String renders the position for logs and errors.
-func (p Position) String() string {
-	if p.GTIDSet != "" {
-		return fmt.Sprintf("%s gtid %q", p.Flavor, p.GTIDSet)
-	}
-	if p.File != "" {
-		return fmt.Sprintf("%s %s:%d", p.Flavor, p.File, p.Pos)
-	}
-	return "no position"
 }
 
 // ackChunk bounds the ids one acknowledging statement names, so a
@@ -199,4 +189,51 @@ func (s *Store) insertFailed(ctx context.Context, ex Execer, failed []ordering.F
 		failed = failed[n:]
 	}
 	return nil
+}
+
+// Pending returns which of ids are still pending in the outbox: present
+// (delete mode) or present and not marked delivered (mark mode). The
+// handover uses it to skip rows its sweep already delivered.
+func (s *Store) Pending(ctx context.Context, ids []uint64) (map[uint64]bool, error) {
+	pending := make(map[uint64]bool, len(ids))
+	if len(ids) == 0 {
+		return pending, nil
+	}
+	var b strings.Builder
+	for len(ids) > 0 {
+		n := min(len(ids), ackChunk)
+		b.Reset()
+		b.WriteString("SELECT id FROM `" + s.cfg.Table + "` WHERE id IN (")
+		for i, id := range ids[:n] {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.FormatUint(id, 10))
+		}
+		b.WriteByte(')')
+		if s.cfg.OnDelivered == Mark {
+			b.WriteString(" AND delivered_at IS NULL")
+		}
+		if err := s.scanIDs(ctx, b.String(), pending); err != nil {
+			return nil, fmt.Errorf("check which of %d rows of %s are still pending: %w", n, s.cfg.Table, err)
+		}
+		ids = ids[n:]
+	}
+	return pending, nil
+}
+
+func (s *Store) scanIDs(ctx context.Context, query string, into map[uint64]bool) error {
+	rows, err := s.db.QueryContext(ctx, query)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id uint64
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		into[id] = true
+	}
+	return rows.Err()
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"regexp"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // Delete and Mark are the two ways of acknowledging delivered rows
@@ -59,22 +61,10 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Position is a stored binlog position: a GTID set, or file+pos on servers
-// without GTIDs.
-type Position struct {
-	Flavor  string
-	GTIDSet string
-	File    string
-	Pos     uint64
-}
-
-// IsZero reports whether no position is stored yet (first start).
-func (p Position) IsZero() bool { return p.GTIDSet == "" && p.File == "" }
-
 // Progress is the relay's row in outbox_relay_progress.
 type Progress struct {
 	RelayName       string
-	Position        Position
+	Position        position.Position
 	Mode            string
 	Status          string
 	Epoch           int64
@@ -129,7 +119,7 @@ func (s *Store) Load(ctx context.Context) (Progress, error) {
 	if err != nil {
 		return Progress{}, fmt.Errorf("read progress row for relay %q: %w", s.cfg.RelayName, err)
 	}
-	p.Position = Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint64(pos.Int64)}
+	p.Position = position.Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint32(pos.Int64)}
 	p.LeaderInstance, p.LastError = leader.String, lastError.String
 	p.LeaderSince, p.LeaderHeartbeat, p.LastEventAt = since.Time, hb.Time, lastEvent.Time
 	return p, nil

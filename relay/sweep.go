@@ -1,0 +1,73 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/poller"
+)
+
+// sweepDelayed is the due-time sweep of binlog mode (design §4.7): while
+// delayed rows are known to exist (one probe at start, then whenever the
+// stream skips one) it delivers those that are due, every poll interval. A
+// relay without delayed rows runs no query here after the probe. It stops
+// between rounds when stop closes; errors are logged and retried (a lost
+// leadership also stops the acker, which ends the term).
+func (p *pipeline) sweepDelayed(ctx context.Context, stop <-chan struct{}) {
+	r := p.r
+	pl, err := r.newPoller(p.publisher, p.epoch)
+	if err == nil {
+		var s *poller.DelayedSweeper
+		if s, err = pl.NewDelayedSweeper(); err == nil {
+			defer s.Close()
+			p.runSweeper(ctx, stop, s, pl.Config().Interval)
+			return
+		}
+	}
+	r.log.Error("due-time sweep not started; delayed rows wait for the next handover", zap.Error(err))
+}
+
+func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poller.DelayedSweeper, interval time.Duration) {
+	log := p.r.log.Named("delayed")
+	active, err := s.Pending(ctx)
+	if err != nil {
+		log.Warn("probe for delayed rows failed; sweeping to be safe", zap.Error(err))
+		active = true
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-p.delayed:
+			active = true
+			continue
+		case <-tick.C:
+		}
+		if !active {
+			continue
+		}
+		n, err := s.Round(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, checkpoint.ErrFenced) {
+				return
+			}
+			log.Warn("due-time sweep round failed; retrying", zap.Error(err))
+			continue
+		}
+		if n > 0 {
+			log.Debug("delivered due delayed rows", zap.Int("rows", n))
+			continue
+		}
+		if pending, err := s.Pending(ctx); err == nil && !pending {
+			active = false
+		}
+	}
+}
