@@ -547,9 +547,6 @@ func (w *worker) publish(ctx context.Context, recs []*outbox.Record) ([]*item, e
 	return items, nil
 }
 
-// outcome returns the rows of a flushed round that go to outbox_failed,
-// with their reason: rows that could not be published as they are, and
-// rows the broker returned or rejected.
 // observe feeds a round's outcomes to the metrics.
 func (p *Poller) observe(items []*item, committed bool, failed int) {
 	m := p.cfg.Metrics
@@ -574,6 +571,9 @@ func (p *Poller) observe(items []*item, committed bool, failed int) {
 	}
 }
 
+// outcome returns the rows of a flushed round that go to outbox_failed,
+// with their reason: rows that could not be published as they are, and
+// rows the broker returned or rejected.
 func outcome(items []*item) []ordering.Failure {
 	var failed []ordering.Failure
 	for _, it := range items {

@@ -31,9 +31,9 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 		final := false
 		select {
 		case <-p.tracker.Changed():
-			// Coalesce: acknowledging every confirm on its own costs the
-			// database a transaction per message — at 500 msg/s as much as
-			// the producers' own commits. At most one per ackGap; a crash
+			// Coalesce: acknowledging every confirm on its own would cost
+			// the database a transaction per message, as many as the
+			// producers' own commits. At most one per ackGap; a crash
 			// repeats at most that much more.
 			if wait := ackGap - time.Since(last); wait > 0 {
 				t := time.NewTimer(wait)

@@ -27,7 +27,7 @@ type Config struct {
 	BinlogRetryInterval time.Duration // auto, polling: how often the binlog is probed again; default 30s
 	PollInterval        time.Duration // poll: an idle worker's wait between rounds; default 100ms
 	PollBatch           int           // poll: rows a worker claims per transaction; default 500
-	PollWorkers         int           // poll: workers; default 4
+	PollWorkers         int           // poll: workers; default poller.DefaultWorkers (2)
 
 	MaxInflightBytes int64 // default 64 MiB
 	Lanes            int   // publishing lanes (AMQP channels); default 2
@@ -97,12 +97,10 @@ func (c *Config) Validate() error {
 	setDefault(&c.FallbackAfter, 30*time.Second)
 	setDefault(&c.BinlogRetryInterval, 30*time.Second)
 	setDefault(&c.MaxInflightBytes, 64<<20)
-	// Two channels, not one per core or partition group: each AMQP channel
-	// is a process in the broker, and with 16 the broker spent so much more
-	// per message that a catch-up to a live consumer ran at 6.9k msg/s
-	// against 10k with 2 and 10.9k with 1 (docs/benchmarks.md). Raise it
-	// when the broker is far: a lane carries at most --confirm-window
-	// messages per round trip.
+	// Few channels: each AMQP channel is a process in the broker, which
+	// pays for every extra one per message (docs/benchmarks.md has the
+	// figures). Raise it when the broker is far: a lane carries at most
+	// --confirm-window messages per round trip.
 	setDefault(&c.Lanes, 2)
 	setDefault(&c.ConfirmWindow, 256)
 	setDefault(&c.MaxAttempts, 5)

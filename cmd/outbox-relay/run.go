@@ -55,7 +55,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.BinlogRetryInterval, "binlog-retry-interval", 30*time.Second, "auto: while polling, how often the binlog is probed again")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 100*time.Millisecond, "poll: how long an idle worker waits before polling again")
 	fs.IntVar(&cfg.PollBatch, "poll-batch", 500, "poll: rows one worker claims per transaction")
-	fs.IntVar(&cfg.PollWorkers, "poll-workers", 2, "poll: workers, each with its own AMQP channel (2 measured best beside a local database)")
+	fs.IntVar(&cfg.PollWorkers, "poll-workers", 2, "poll: workers, each with its own AMQP channel and database transaction")
 	fs.Var(&maxInflight, "max-inflight-bytes", "`bytes` of messages read but not yet confirmed (e.g. 64MiB); when full, reading stops")
 	fs.IntVar(&cfg.Lanes, "lanes", 2, "publishing lanes (AMQP channels); rows of one partition key share a lane (raise for a far broker: a lane carries at most --confirm-window messages per round trip)")
 	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", 256, "unconfirmed messages per lane")
