@@ -226,9 +226,12 @@ func TestRunStopsWhenFenced(t *testing.T) {
 		}
 	}
 	waitBelow(19_000)
+	// A round takes a shared lock on the progress row before it commits, so
+	// once this UPDATE returns no round of the old epoch can commit any more.
 	if _, err := e.pool.ExecContext(ctx, "UPDATE outbox_relay_progress SET epoch = epoch + 1"); err != nil {
 		t.Fatal(err)
 	}
+	atFence := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox")
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
@@ -237,10 +240,9 @@ func TestRunStopsWhenFenced(t *testing.T) {
 	if err := stop(); !errors.Is(err, checkpoint.ErrFenced) {
 		t.Fatalf("Run: %v, want checkpoint.ErrFenced", err)
 	}
-	left := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox")
-	time.Sleep(time.Second)
-	if after := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox"); after != left || left == 0 {
-		t.Fatalf("rows left %d, a second later %d: want the same, above zero", left, after)
+	// Run has returned, and with it every worker it started.
+	if left := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox"); left != atFence || left == 0 {
+		t.Fatalf("rows left %d, at the epoch bump %d: want the same, above zero (nothing acknowledged after the fence)", left, atFence)
 	}
 }
 
@@ -265,9 +267,6 @@ func TestIdlePollerSendsOneStatementPerInterval(t *testing.T) {
 		interval = 50 * time.Millisecond
 		window   = 2 * time.Second
 	)
-	run(t, e.poller(t, func(c *poller.Config) { c.Workers = workers; c.Interval = interval }))
-	time.Sleep(300 * time.Millisecond)
-
 	questions := func() int {
 		var name string
 		var n int
@@ -276,8 +275,21 @@ func TestIdlePollerSendsOneStatementPerInterval(t *testing.T) {
 		}
 		return n
 	}
+	started := questions()
+	run(t, e.poller(t, func(c *poller.Config) { c.Workers = workers; c.Interval = interval }))
+	// Measure once every worker has polled (two rounds' worth of statements
+	// beside this loop's own): the start-up is not what is under test.
+	for own := 1; questions()-started-own < 2*workers; own++ {
+		if ctx.Err() != nil {
+			t.Fatal("the workers never polled")
+		}
+		time.Sleep(interval / 5)
+	}
+
 	before := questions()
 	start := time.Now()
+	// The statement rate over an idle window is what is under test, so here
+	// a fixed wait is the point.
 	time.Sleep(window)
 	delta := questions() - before - 1 // the second SHOW counts itself
 	if rows, err := e.pool.QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name LIKE 'Com\\_%' AND Value > 0"); err == nil {

@@ -75,14 +75,31 @@ func TestRelayIdleSendsNoOutboxQuery(t *testing.T) {
 	srv, db, b := privateSetup(t)
 	root := srv.Root(t)
 	ctx := testenv.Context(t, 2*time.Minute)
-	startRelay(t, db, b, nil)
-	// Let the first start settle: its sweep and first acknowledgement.
-	time.Sleep(2 * time.Second)
-
 	for _, q := range []string{"SET GLOBAL log_output = 'TABLE'", "TRUNCATE mysql.general_log", "SET GLOBAL general_log = ON"} {
 		if _, err := root.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
+	}
+	startRelay(t, db, b, nil) // returns once the relay tails the binlog
+	// The start-up's one query that may run beside tailing is the probe for
+	// delayed rows (idx_due); once it has run, the relay is idle.
+	for {
+		var n int
+		if err := root.QueryRowContext(ctx, "SELECT COUNT(*) FROM mysql.general_log WHERE "+
+			"CONVERT(argument USING utf8mb4) LIKE '%idx_due%'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the relay never probed for delayed rows")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if _, err := root.ExecContext(ctx, "TRUNCATE mysql.general_log"); err != nil {
+		t.Fatal(err)
 	}
 	// The idle period is what is under test, so here a fixed wait is the point.
 	time.Sleep(10 * time.Second)
