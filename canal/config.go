@@ -58,9 +58,13 @@ type Config struct {
 
 	// OnRetry, if set, is called from Run's goroutine before each reconnect
 	// with the error that ended the stream and the number of consecutive
-	// failures (1 for the first). The relay uses it for its reconnect metric
-	// and to decide when binlog trouble has lasted long enough to fall back to
-	// polling (it then cancels Run's context). It must not block for long.
+	// failures since the stream last yielded a row or a transaction (1 for
+	// the first failure after progress). A connection that lives long but
+	// yields nothing does not start the count over; a handler blocking on
+	// what it was handed does not count against the stream. The relay uses
+	// it for its reconnect metric and to decide when binlog trouble has
+	// lasted long enough to fall back to polling (it then cancels Run's
+	// context). It must not block for long.
 	OnRetry func(err error, attempt int)
 
 	Logger *zap.Logger // default zap.NewNop()

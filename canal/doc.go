@@ -9,8 +9,8 @@
 // the position after it. Transient read errors are retried inside Run from the
 // last committed transaction; the rows of a half-read transaction that the
 // handler already saw are skipped on the re-read, so the handler sees every row
-// exactly once. Preflight, CheckPosition and CurrentPosition are the SQL-side
-// checks and reads the relay makes before it starts tailing.
+// exactly once. Preflight, CheckPosition, CurrentPosition and SnapshotPosition
+// are the SQL-side checks and reads the relay makes before it starts tailing.
 //
 // Time zone: DATETIME columns have no zone. The tailer reads created_at and
 // available_at as UTC, so producers must write them in UTC (sessions with

@@ -104,7 +104,7 @@ func TestKillServerMidStream(t *testing.T) {
 	// table, not the writer, is the truth.
 	stop := make(chan struct{})
 	written := make(chan struct{})
-	var writeErrs atomic.Int32
+	var writeErrs, commits atomic.Int32
 	go func() {
 		defer close(written)
 		for {
@@ -118,7 +118,11 @@ func TestKillServerMidStream(t *testing.T) {
 				if writeErrs.Add(1) == 1 {
 					t.Logf("writer (expected around the kill): %v", err)
 				}
+				// A pause before the next attempt while the server is
+				// down, not a wait for a condition.
 				time.Sleep(50 * time.Millisecond)
+			} else {
+				commits.Add(1)
 			}
 			cancel()
 		}
@@ -131,9 +135,18 @@ func TestKillServerMidStream(t *testing.T) {
 	}
 	srv.Kill(t)
 	close(killed)
+	// The outage itself: the server stays down a moment, so the tailer's
+	// reconnects are refused before one succeeds.
 	time.Sleep(200 * time.Millisecond)
 	srv.Start(t)
-	time.Sleep(time.Second) // more transactions after the restart
+	// More transactions after the restart, streamed by the reconnected tailer.
+	for after := commits.Load() + 5; commits.Load() < after; {
+		select {
+		case <-written:
+			t.Fatal("the writer stopped")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	close(stop)
 	<-written
 
@@ -297,6 +310,7 @@ func TestBlockingHandler(t *testing.T) {
 	}
 	c := &collector{onRow: func(n, cur int) {
 		if n == 300 {
+			// The stimulus: a handler blocked longer than ReadTimeout.
 			time.Sleep(2500 * time.Millisecond)
 		}
 	}}

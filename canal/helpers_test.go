@@ -171,7 +171,7 @@ type collector struct {
 	cur     int // rows since the last Commit
 	err     error
 	onRow   func(n, cur int) // called with the rows so far and since the last Commit, outside the lock
-	rowWait time.Duration
+	rowWait time.Duration    // a slow handler: each Row takes this long (a stimulus, not a wait for a condition)
 }
 
 type collected struct {

@@ -23,7 +23,7 @@ type session struct {
 	flavor    string
 	gtidMode  bool
 	committed position.Position // after the last transaction passed to Commit (or Run's from)
-	done      mysql.GTIDSet     // GTID mode: committed as a set, advanced by each transaction's GTID
+	done      *position.GTIDs   // GTID mode: the transactions committed (from, plus each one passed to Commit)
 	file      string            // binlog file being read (RotateEvent); informational in GTID mode
 
 	// The transaction being read.
@@ -41,7 +41,10 @@ type session struct {
 	resumeID   string
 	resumeRows int
 
-	progressed bool // this connection delivered a row or a commit
+	// progressed: this connection yielded a new row or a commit. Set before
+	// the handler sees it: a handler that blocks is back-pressure, not
+	// binlog trouble, even when the server drops the idle dump meanwhile.
+	progressed bool
 }
 
 // gtidRef is one transaction's GTID in either flavor.
@@ -75,11 +78,11 @@ func (s *session) init(flavor string) error {
 	if !s.gtidMode {
 		return nil
 	}
-	set, err := position.ParseGTIDSet(flavor, s.committed.GTIDSet)
+	done, err := position.NewGTIDs(flavor, s.committed.GTIDSet)
 	if err != nil {
 		return &fatalError{fmt.Errorf("start position: %w", err)}
 	}
-	s.done = set
+	s.done = done
 	return nil
 }
 
@@ -189,24 +192,17 @@ func (s *session) begin(g gtidRef, explicit bool) error {
 	return nil
 }
 
-// contains is the duplicate guard: whether g is already in the committed set.
-// MariaDB positions hold one GTID per domain, so "contained" means a sequence
-// number at or below the committed one of its domain.
+// contains is the duplicate guard: whether g was already committed (by Run's
+// start position or a Commit since). On MariaDB that is containment per
+// (domain, server id), not a comparison with the position's sequence number
+// of the domain: with gtid_strict_mode=OFF a transaction of another server id
+// may legitimately carry a lower number (position.GTIDs).
 func (s *session) contains(g gtidRef) bool {
-	switch set := s.done.(type) {
-	case *mysql.MariadbGTIDSet:
-		if g.maria == nil {
-			return false
-		}
-		cur, ok := set.Sets[g.maria.DomainID]
-		return ok && g.maria.SequenceNumber <= cur.SequenceNumber
-	case *mysql.MysqlGTIDSet:
-		if g.gno <= 0 {
-			return false
-		}
-		one := mysql.NewMysqlGTIDSet()
-		one.AddGTIDWithTag(g.sid, g.tag, g.gno)
-		return set.Contain(&one)
+	switch {
+	case g.maria != nil:
+		return s.done.HasMariaDB(g.maria.DomainID, g.maria.ServerID, g.maria.SequenceNumber)
+	case g.gno > 0:
+		return s.done.HasMySQL(g.sid, g.tag, g.gno)
 	}
 	return false
 }
@@ -277,10 +273,10 @@ func (s *session) rowsEvent(ctx context.Context, ev *replication.BinlogEvent, e 
 		if err != nil {
 			return fmt.Errorf("transaction %s, outbox row %d: %w", s.txnID, s.rows, err)
 		}
+		s.progressed = true
 		if err := s.h.Row(ctx, rec); err != nil {
 			return &HandlerError{Op: "Row", Err: err}
 		}
-		s.progressed = true
 	}
 	return nil
 }
@@ -294,11 +290,9 @@ func (s *session) commit(ctx context.Context, ev *replication.BinlogEvent) error
 	if s.gtidMode {
 		switch g := s.txnGTID; {
 		case g.maria != nil:
-			if err := s.done.(*mysql.MariadbGTIDSet).AddSet(g.maria); err != nil {
-				return &fatalError{fmt.Errorf("advance GTID position by %s: %w", g, err)}
-			}
+			s.done.AddMariaDB(g.maria.DomainID, g.maria.ServerID, g.maria.SequenceNumber)
 		case g.gno > 0:
-			s.done.(*mysql.MysqlGTIDSet).AddGTIDWithTag(g.sid, g.tag, g.gno)
+			s.done.AddMySQL(g.sid, g.tag, g.gno)
 		}
 		pos.GTIDSet = s.done.String()
 	}

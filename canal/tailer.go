@@ -89,7 +89,6 @@ func (t *Tailer) Run(ctx context.Context, from position.Position, h Handler) err
 
 	failures := 0
 	for {
-		started := time.Now()
 		err := t.stream(ctx, s)
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -97,9 +96,11 @@ func (t *Tailer) Run(ctx context.Context, from position.Position, h Handler) err
 		if ferr := t.fatal(err, s); ferr != nil {
 			return ferr // the caller logs it; it names the position
 		}
-		// A stream that delivered something or lived longer than the backoff
-		// cap was healthy: start the backoff over.
-		if s.progressed || time.Since(started) > t.cfg.RetryMax {
+		// Only a stream that yielded a row or a transaction was healthy.
+		// One that merely lived long (a connection hanging until the read
+		// timeout) was not: counting on, OnRetry's attempt tells how long
+		// the trouble has lasted (the relay's --fallback-after).
+		if s.progressed {
 			failures = 0
 		}
 		failures++
@@ -143,8 +144,8 @@ func (t *Tailer) stream(ctx context.Context, s *session) error {
 		err error
 	)
 	if s.gtidMode {
-		// s.done is the committed set; the dump starts after it.
-		st, err = syncer.StartSyncGTID(s.done.Clone())
+		// s.done holds the committed position; the dump starts after it.
+		st, err = syncer.StartSyncGTID(s.done.Set())
 	} else {
 		st, err = syncer.StartSync(mysql.Position{Name: s.committed.File, Pos: s.committed.Pos})
 	}

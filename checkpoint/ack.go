@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,12 +30,60 @@ type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// Ack commits one acknowledgement as a single transaction: failed rows copied
-// to outbox_failed, acknowledged rows deleted (or marked), the position moved
-// — all or nothing, and only while epoch is still the progress row's epoch
-// (ErrFenced otherwise). A crash before the commit leaves everything as it was,
-// so the rows are published again: duplicates are possible, loss is not.
-func (s *Store) Ack(ctx context.Context, epoch int64, a Ack) (err error) {
+// Ack commits one acknowledgement: failed rows copied to outbox_failed,
+// acknowledged rows deleted (or marked), the position moved — each only while
+// epoch is still the progress row's epoch (ErrFenced otherwise).
+//
+// The rows go in transactions of at most ackChunk rows each, every one fenced
+// by the epoch, and the position (with Mode and LastEventAt) in the last of
+// them: the progress row, which the leadership heartbeat updates under a
+// timeout, is locked for one chunk's commit at a time, never for the whole
+// of a large acknowledgement. So the position moves only once every row is
+// acknowledged; rows acknowledged before a crash or an error whose position
+// was not written are read from the binlog and published again (duplicates
+// are possible, loss is not), and acknowledging them again is harmless: their
+// delete (or mark) does nothing and a failed row already in outbox_failed is
+// not recorded twice. A failed Ack can therefore simply be retried, merged
+// with what came after it.
+func (s *Store) Ack(ctx context.Context, epoch int64, a Ack) error {
+	var failedByID map[uint64][]ordering.Failure
+	if len(a.Failed) > 0 {
+		failedByID = make(map[uint64][]ordering.Failure, len(a.Failed))
+		for _, f := range a.Failed {
+			failedByID[f.Record.ID] = append(failedByID[f.Record.ID], f)
+		}
+	}
+	for rest, done := a.IDs, 0; ; {
+		var chunk []ordering.Range
+		chunk, rest = splitRanges(rest, ackChunk)
+		failed := takeFailed(failedByID, chunk)
+		var final *Ack
+		if len(rest) == 0 {
+			final = &a
+			failed = append(failed, leftFailed(failedByID)...) // not among IDs: record them anyway
+		}
+		if err := s.ackTx(ctx, epoch, chunk, failed, final); err != nil {
+			if done > 0 {
+				return fmt.Errorf("after %d of %d rows: %w", done, ordering.Count(a.IDs), err)
+			}
+			return err
+		}
+		if final != nil {
+			return nil
+		}
+		done += ordering.Count(chunk)
+	}
+}
+
+// ackTx commits one transaction of Ack: ids, failed and, when final is not
+// nil, the position. The epoch is checked last, just before the commit, with
+// a lock on the progress row that lasts only until the commit: shared for a
+// chunk of rows, exclusive when the row is written. A newer leader's epoch
+// bump therefore either waits for this commit or makes it fail.
+func (s *Store) ackTx(ctx context.Context, epoch int64, ids []ordering.Range, failed []ordering.Failure, final *Ack) (err error) {
+	if len(ids) == 0 && len(failed) == 0 && (final == nil || !final.HasPos && final.Mode == "") {
+		return nil
+	}
 	// READ COMMITTED: no gap locks, so acknowledging never waits on a
 	// producer's uncommitted insert next to the acknowledged ids.
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
@@ -45,18 +95,29 @@ func (s *Store) Ack(ctx context.Context, epoch int64, a Ack) (err error) {
 			_ = tx.Rollback()
 		}
 	}()
+	if len(failed) > 0 {
+		if failed, err = s.unrecorded(ctx, tx, failed); err != nil {
+			return err
+		}
+	}
+	if err := s.AckRows(ctx, tx, ids, failed); err != nil {
+		return err
+	}
+	write := final != nil && (final.HasPos || final.Mode != "")
+	lock := "LOCK IN SHARE MODE"
+	if write {
+		lock = "FOR UPDATE"
+	}
 	var current int64
-	if err := tx.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ? FOR UPDATE",
+	if err := tx.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ? "+lock,
 		s.cfg.RelayName).Scan(&current); err != nil {
 		return fmt.Errorf("acknowledge: lock progress row of relay %q: %w", s.cfg.RelayName, err)
 	}
 	if current != epoch {
 		return ErrFenced
 	}
-	if err := s.AckRows(ctx, tx, a.IDs, a.Failed); err != nil {
-		return err
-	}
-	if a.HasPos || a.Mode != "" {
+	if write {
+		a := final
 		var lastEvent any
 		if !a.LastEventAt.IsZero() {
 			lastEvent = a.LastEventAt.UTC()
@@ -73,9 +134,57 @@ func (s *Store) Ack(ctx context.Context, epoch int64, a Ack) (err error) {
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("acknowledge %d rows: commit: %w", ordering.Count(a.IDs), err)
+		return fmt.Errorf("acknowledge %d rows: commit: %w", ordering.Count(ids), err)
 	}
 	return nil
+}
+
+// splitRanges returns the first ranges of rs holding at most limit ids, and
+// the rest. rs is not modified.
+func splitRanges(rs []ordering.Range, limit int) (head, rest []ordering.Range) {
+	n := 0
+	for i, r := range rs {
+		size := r.Hi - r.Lo + 1
+		if room := uint64(limit - n); size > room {
+			if room == 0 {
+				return rs[:i:i], rs[i:]
+			}
+			head = append(slices.Clip(rs[:i]), ordering.Range{Lo: r.Lo, Hi: r.Lo + room - 1})
+			return head, append([]ordering.Range{{Lo: r.Lo + room, Hi: r.Hi}}, rs[i+1:]...)
+		}
+		n += int(size)
+	}
+	return rs, nil
+}
+
+// takeFailed removes from byID and returns the failures of the rows in ids.
+func takeFailed(byID map[uint64][]ordering.Failure, ids []ordering.Range) []ordering.Failure {
+	if len(byID) == 0 {
+		return nil
+	}
+	var out []ordering.Failure
+	for _, r := range ids {
+		for id := r.Lo; ; id++ {
+			if fs, ok := byID[id]; ok {
+				out = append(out, fs...)
+				delete(byID, id)
+			}
+			if id == r.Hi {
+				break
+			}
+		}
+	}
+	return out
+}
+
+// leftFailed removes and returns what is left in byID, by id.
+func leftFailed(byID map[uint64][]ordering.Failure) []ordering.Failure {
+	var out []ordering.Failure
+	for _, id := range slices.Sorted(maps.Keys(byID)) {
+		out = append(out, byID[id]...)
+		delete(byID, id)
+	}
+	return out
 }
 
 func nullIfEmpty(s string) any {
@@ -85,8 +194,9 @@ func nullIfEmpty(s string) any {
 	return s
 }
 
-// ackChunk bounds the ids one acknowledging statement names, so a
-// 200,000-row transaction acknowledges in statements of a sane size.
+// ackChunk bounds the ids one acknowledging statement names, and one
+// transaction of Ack: a 200,000-row transaction acknowledges in statements
+// of a sane size, and locks the progress row for one chunk at a time.
 const ackChunk = 1000
 
 // AckRows records failures in outbox_failed and deletes (or marks delivered)
@@ -154,41 +264,6 @@ func appendJSONIDs(b *strings.Builder, rs []ordering.Range, limit int) ([]orderi
 	}
 	b.WriteByte(']')
 	return rs, n
-}
-
-const failedColumns = "outbox_id, message_id, partition_key, exchange, routing_key, message_type, headers, " +
-	"payload, content_type, created_at, available_at, error, source, failed_at"
-
-func (s *Store) insertFailed(ctx context.Context, ex Execer, failed []ordering.Failure) error {
-	for len(failed) > 0 {
-		n := min(len(failed), 100)
-		var (
-			b    strings.Builder
-			args []any
-		)
-		b.WriteString("INSERT INTO outbox_failed (" + failedColumns + ") VALUES ")
-		for i, f := range failed[:n] {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,'relay',NOW(6))")
-			r := f.Record
-			var headers, available any
-			if r.Headers != nil {
-				headers = string(r.Headers)
-			}
-			if !r.AvailableAt.IsZero() {
-				available = r.AvailableAt.UTC()
-			}
-			args = append(args, r.ID, r.MessageID[:], r.PartitionKey, r.Exchange, r.RoutingKey, r.MessageType,
-				headers, r.Payload, r.ContentType, r.CreatedAt.UTC(), available, truncate(f.Reason, 1024))
-		}
-		if _, err := ex.ExecContext(ctx, b.String(), args...); err != nil {
-			return fmt.Errorf("record %d failed messages in outbox_failed: %w", n, err)
-		}
-		failed = failed[n:]
-	}
-	return nil
 }
 
 // Pending returns which of ids are still pending in the outbox: present

@@ -88,6 +88,12 @@ func (l *Leader) Err() error {
 	return l.err
 }
 
+// Lose ends leadership from outside the heartbeat, at once: a write of this
+// leader found the progress row at a newer epoch (err is ErrFenced, possibly
+// wrapped). Lost is closed and Err returns err; the lock is still held until
+// Release. Only the first loss is kept.
+func (l *Leader) Lose(err error) { l.fail(err) }
+
 func (l *Leader) fail(err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

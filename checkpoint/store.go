@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/position"
 )
@@ -136,9 +138,16 @@ func (s *Store) RecordError(ctx context.Context, epoch int64, msg string) error 
 	return nil
 }
 
+// truncate cuts s to at most n bytes on a rune boundary, with invalid UTF-8
+// replaced first: the columns are utf8mb4, and a server in strict mode
+// refuses an invalid string rather than storing part of it.
 func truncate(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n]
 }

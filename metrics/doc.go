@@ -13,7 +13,7 @@
 //	outbox_relay_delivery_latency_seconds             histogram created_at → broker confirm
 //	outbox_relay_lag_seconds                          gauge  now − created_at of the newest acknowledged row while rows are pending; 0 when caught up
 //	outbox_relay_inflight_messages                    gauge  messages read but not yet confirmed
-//	outbox_relay_inflight_bytes                       gauge  their bytes (bounded by --max-inflight-bytes)
+//	outbox_relay_inflight_bytes                       gauge  bytes read but not yet acknowledged in the database (bounded by --max-inflight-bytes)
 //	outbox_relay_pending_rows                         gauge  rows in the outbox still to be delivered
 //	outbox_relay_reconnects_total{target}             counter reconnections to mysql, binlog, amqp
 //	outbox_relay_failed_messages_total                counter rows moved to outbox_failed

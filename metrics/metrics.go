@@ -124,7 +124,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		inflightBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "inflight_bytes",
-			Help: "Bytes of the messages read and not yet confirmed (bounded by --max-inflight-bytes).",
+			Help: "Bytes of the messages read and not yet acknowledged in the database (bounded by --max-inflight-bytes).",
 		}),
 		pendingRows: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "pending_rows",

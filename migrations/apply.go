@@ -54,6 +54,9 @@ func plan(table string, partitionedTable bool) []migration {
 	return []migration{
 		{"0001_relay_tables", "0001_relay_tables.sql", []string{ProgressTable, FailedTable, DedupTable}},
 		{"0001_outbox:" + table, outboxFile, []string{table}},
+		// The inbox keyed by consumer; it runs again (without effect on an
+		// upgraded inbox) if the attempts table is gone.
+		{"0004_dedup_consumer", "0004_dedup_consumer.sql", []string{DedupTable, AttemptsTable}},
 	}
 }
 
@@ -67,10 +70,15 @@ func plan(table string, partitionedTable bool) []migration {
 //     to do). Waiting longer than 30 s is an error.
 //   - Existing tables are checked first: a missing or differently typed
 //     column fails with a *SchemaError (errors.Is ErrSchemaMismatch) before
-//     anything is created. Extra columns and indexes are fine.
+//     anything is created. Extra columns and indexes are fine. The one
+//     missing column accepted is message_deduplication's consumer: version
+//     0004_dedup_consumer adds it and keys the table by it, keeping its rows.
 //   - A version runs when it is not recorded, or when a table it creates no
 //     longer exists. Tables are only ever created (CREATE TABLE IF NOT
-//     EXISTS), never altered destructively or dropped.
+//     EXISTS), never altered destructively or dropped. Two steps follow the
+//     outbox's state instead: missing poller indexes are added, and a
+//     created_at default of the session's local time (CURRENT_TIMESTAMP)
+//     becomes UTC_TIMESTAMP(6) (recorded as 0003_created_at_utc:<table>).
 //   - DDL is not transactional: if Apply fails half way, the created tables
 //     stay and the next Apply finishes the work.
 func Apply(ctx context.Context, db *sql.DB, opts Options) (applied []string, err error) {
@@ -155,6 +163,16 @@ func Apply(ctx context.Context, db *sql.DB, opts Options) (applied []string, err
 	}
 	if added {
 		applied = append(applied, "0002_outbox_indexes:"+table)
+	}
+
+	// An outbox whose created_at defaults to the session's local time gets
+	// the UTC default.
+	changed, err := ensureUTCDefault(ctx, conn, schema.String, table, data)
+	if err != nil {
+		return applied, err
+	}
+	if changed {
+		applied = append(applied, createdAtUTC(table).version)
 	}
 
 	// Verify what we created too: it catches a server that silently

@@ -53,7 +53,7 @@ func TestApplyEmptyThenNoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"0001_relay_tables", "0001_outbox:outbox"}; !reflect.DeepEqual(applied, want) {
+	if want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer"}; !reflect.DeepEqual(applied, want) {
 		t.Fatalf("applied %v, want %v", applied, want)
 	}
 	applied, err = migrations.Apply(ctx, db, migrations.Options{})
@@ -80,7 +80,8 @@ func TestApplyEmptyThenNoop(t *testing.T) {
 			"last_event_at datetime(6)", "updated_at datetime(6)"},
 		"outbox_failed": append(append([]string{"id bigint(20) unsigned", "outbox_id bigint(20) unsigned"}, wantOutbox[1:]...),
 			"error text", "source varchar(16)", "failed_at datetime(6)"),
-		"message_deduplication":   {"message_id binary(16)", "message_name varchar(255)", "processed_at datetime(6)"},
+		"message_deduplication":   wantDedupColumns,
+		"message_inbox_attempts":  wantAttempts,
 		"outbox_relay_migrations": {"version varchar(255)", "applied_at datetime(6)"},
 	}
 	for table, cols := range want {
@@ -131,7 +132,7 @@ func TestApplyPartitioned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(applied) != 2 {
+	if len(applied) != 3 {
 		t.Fatalf("applied %v", applied)
 	}
 	rows, err := db.Query(`SELECT PARTITION_NAME, PARTITION_DESCRIPTION FROM information_schema.PARTITIONS
@@ -256,9 +257,10 @@ func TestApplyAdoptsCompatibleTable(t *testing.T) {
 		tenant VARCHAR(20) NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	// Adopted as it is, plus the poller's indexes it lacks.
+	// Adopted as it is, plus the poller's indexes it lacks and the UTC
+	// default of created_at.
 	applied, err := migrations.Apply(ctx, db, migrations.Options{})
-	want := []string{"0001_relay_tables", "0001_outbox:outbox", "0002_outbox_indexes:outbox"}
+	want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0002_outbox_indexes:outbox", "0003_created_at_utc:outbox"}
 	if err != nil || strings.Join(applied, ",") != strings.Join(want, ",") {
 		t.Fatalf("applied %v, err %v; want %v", applied, err, want)
 	}
@@ -287,8 +289,8 @@ func TestApplyConcurrent(t *testing.T) {
 		total += len(results[i])
 	}
 	// Each version applied by exactly one run.
-	if total != 2 {
-		t.Fatalf("versions applied %v in total, want 2", results)
+	if total != 3 {
+		t.Fatalf("versions applied %v in total, want 3", results)
 	}
 }
 

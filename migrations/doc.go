@@ -10,7 +10,12 @@
 // Versions are "0001_relay_tables" for the tables shared by all outbox
 // tables (outbox_relay_progress, outbox_failed, message_deduplication) and
 // "0001_outbox:<table>" for each outbox table, so one database can hold
-// several outbox tables (the relay's --table).
+// several outbox tables (the relay's --table). "0004_dedup_consumer" keys
+// the inbox (message_deduplication) by consumer, keeping its rows, and
+// creates message_inbox_attempts. "0003_created_at_utc:<table>" follows the
+// outbox's state rather than the record: it runs on an outbox whose
+// created_at defaults to the session's local time (CURRENT_TIMESTAMP(6), as
+// earlier versions created it) and makes the default UTC_TIMESTAMP(6).
 //
 // The DDL is limited to what both MySQL 8.0+ and MariaDB 10.6+ accept: CREATE
 // TABLE IF NOT EXISTS, and no IF NOT EXISTS on columns or indexes. A later

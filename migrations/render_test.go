@@ -26,13 +26,27 @@ func TestRender(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Files create their tables. 0004 first upgrades the inbox with
+			// an ALTER chosen in SQL and run as a prepared statement; it
+			// creates one table and also runs again when the inbox is gone.
+			creates, upgrade := len(m.tables), m.version == "0004_dedup_consumer"
+			if upgrade {
+				creates = 1
+			}
+			n := 0
 			for _, s := range stmts {
-				if !strings.HasPrefix(s, "CREATE TABLE IF NOT EXISTS ") || strings.Contains(s, "{{") || strings.Contains(s, "--") {
+				create := strings.HasPrefix(s, "CREATE TABLE IF NOT EXISTS ")
+				prepared := upgrade && (strings.HasPrefix(s, "SET @dedup_") || strings.HasSuffix(s, " dedup_alter") ||
+					strings.HasPrefix(s, "PREPARE dedup_alter FROM @dedup_alter"))
+				if create {
+					n++
+				}
+				if !create && !prepared || strings.Contains(s, "{{") || strings.Contains(s, "--") {
 					t.Errorf("%s: bad statement:\n%s", m.file, s)
 				}
 			}
-			if want := len(m.tables); len(stmts) != want {
-				t.Errorf("%s: %d statements, want %d", m.file, len(stmts), want)
+			if n != creates {
+				t.Errorf("%s: %d CREATE TABLE statements, want %d", m.file, n, creates)
 			}
 		}
 	}

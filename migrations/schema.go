@@ -70,9 +70,17 @@ func shapes(outboxTable string) []shape {
 		}},
 		{"table", FailedTable, failedCols},
 		{"table", DedupTable, []column{
+			{"consumer", "varchar(255)"},
 			{"message_id", "binary(16)"},
 			{"message_name", "varchar(255)"},
 			{"processed_at", "datetime(6)"},
+		}},
+		{"table", AttemptsTable, []column{
+			{"consumer", "varchar(255)"},
+			{"message_id", "binary(16)"},
+			{"attempts", "int unsigned"},
+			{"last_error", "varchar(1024)"},
+			{"updated_at", "datetime(6)"},
 		}},
 		{"table", MigrationsTable, []column{
 			{"version", "varchar(255)"},
@@ -86,8 +94,17 @@ const (
 	ProgressTable   = "outbox_relay_progress"
 	FailedTable     = "outbox_failed"
 	DedupTable      = "message_deduplication"
+	AttemptsTable   = "message_inbox_attempts"
 	MigrationsTable = "outbox_relay_migrations"
 )
+
+// addedLater reports whether a migration adds the column to an existing
+// table: its absence is then the table's earlier shape, which Apply
+// upgrades, not a mismatch.
+func addedLater(table, column string) bool {
+	// 0004_dedup_consumer: the inbox keyed by consumer.
+	return table == DedupTable && column == "consumer"
+}
 
 // ErrSchemaMismatch is matched (errors.Is) by every [*SchemaError].
 var ErrSchemaMismatch = errors.New("schema mismatch")
@@ -200,6 +217,9 @@ func contains(list []string, s string) bool {
 func checkColumns(role, table string, want []column, got map[string]foundColumn) error {
 	for _, c := range want {
 		f, ok := got[c.name]
+		if !ok && addedLater(table, c.name) {
+			continue
+		}
 		if !ok {
 			return &SchemaError{Role: role, Table: table, Column: c.name, Want: c.typ}
 		}

@@ -23,7 +23,8 @@ func add(t *testing.T, tr *Tracker[int], id uint64) *Ticket[int] {
 }
 
 // The watermark never passes a transaction with an unresolved message, even
-// when later transactions are fully resolved.
+// when later transactions are fully resolved; their rows may be taken
+// before it moves.
 func TestWatermarkIsPrefixOfResolvedTransactions(t *testing.T) {
 	tr := New[int](1 << 20)
 	a1, a2 := add(t, tr, 1), add(t, tr, 2)
@@ -31,35 +32,43 @@ func TestWatermarkIsPrefixOfResolvedTransactions(t *testing.T) {
 	b1 := add(t, tr, 3)
 	tr.Commit(20)
 	tr.Commit(30) // foreign
-
 	if _, ok := tr.Take(); ok {
 		t.Fatal("nothing is resolved, yet Take returned a batch")
 	}
 	tr.Done(b1, true, "")
 	tr.Done(a2, false, "returned: NO_ROUTE")
-	if _, ok := tr.Take(); ok {
-		t.Fatal("transaction 10 still has an unresolved message, yet Take returned a batch")
+	early, ok := tr.Take()
+	if !ok || early.HasPos {
+		t.Fatalf("Take = %+v, %v; want rows 2 and 3 without a position: transaction 10 still has an unresolved message", early, ok)
+	}
+	if len(early.IDs) != 1 || early.IDs[0] != (Range{2, 3}) || len(early.Failed) != 1 || early.Failed[0].Record.ID != 2 {
+		t.Fatalf("early batch ids %v failed %+v, want rows 2-3 with row 2 failed", early.IDs, early.Failed)
 	}
 	tr.Done(a1, true, "")
 	<-tr.Changed()
 	b, ok := tr.Take()
-	if !ok || b.Pos != 30 || b.Txns != 3 {
+	if !ok || !b.HasPos || b.Pos != 30 || b.Txns != 3 {
 		t.Fatalf("Take = %+v, %v; want position 30 over 3 transactions", b, ok)
 	}
-	if got := b.Rows(); got != 3 {
+	if len(b.IDs) != 1 || b.IDs[0] != (Range{1, 1}) || len(b.Failed) != 0 {
+		t.Fatalf("ids %v failed %+v, want row 1 alone", b.IDs, b.Failed)
+	}
+	early.Merge(b)
+	if got := early.Rows(); got != 3 {
 		t.Fatalf("rows = %d, want 3", got)
 	}
-	if len(b.IDs) != 1 || b.IDs[0] != (Range{1, 3}) {
-		t.Fatalf("ids = %v, want one range 1-3", b.IDs)
+	if len(early.Failed) != 1 || early.Failed[0].Record.ID != 2 || early.Failed[0].Reason != "returned: NO_ROUTE" {
+		t.Fatalf("failed = %+v, want row 2 with its reason", early.Failed)
 	}
-	if len(b.Failed) != 1 || b.Failed[0].Record.ID != 2 || b.Failed[0].Reason != "returned: NO_ROUTE" {
-		t.Fatalf("failed = %+v, want row 2 with its reason", b.Failed)
+	if !early.LastEventAt.Equal(time.Unix(3, 0)) {
+		t.Fatalf("last event at %v, want created_at of row 3", early.LastEventAt)
 	}
-	if !b.LastEventAt.Equal(time.Unix(3, 0)) {
-		t.Fatalf("last event at %v, want created_at of row 3", b.LastEventAt)
+	if m, _ := tr.Inflight(); m != 0 {
+		t.Fatalf("in flight %d messages after all outcomes", m)
 	}
-	if m, by := tr.Inflight(); m != 0 || by != 0 {
-		t.Fatalf("in flight %d messages %d bytes after all outcomes", m, by)
+	tr.Release(early.Bytes)
+	if _, by := tr.Inflight(); by != 0 {
+		t.Fatalf("%d bytes still charged after every row was acknowledged", by)
 	}
 }
 
@@ -78,8 +87,9 @@ func TestForeignTransactionsFold(t *testing.T) {
 	}
 }
 
-// Add blocks once the byte budget is spent and resumes when an outcome frees it.
-func TestByteBudgetBlocksReader(t *testing.T) {
+// Add blocks once the byte budget is spent; a confirm frees nothing, the
+// acknowledgement (Release) does.
+func TestByteBudgetBlocksReaderUntilAcknowledged(t *testing.T) {
 	one := int64(rec(1, 1000).Size())
 	tr := New[int](2 * one)
 	t1, err := tr.Add(context.Background(), rec(1, 1000))
@@ -89,21 +99,126 @@ func TestByteBudgetBlocksReader(t *testing.T) {
 	if _, err := tr.Add(context.Background(), rec(2, 1000)); err != nil {
 		t.Fatal(err)
 	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := tr.Add(ctx, rec(3, 1000)); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Add over budget returned %v, want it to block until the context ends", err)
+	blocked := func(what string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if _, err := tr.Add(ctx, rec(3, 1000)); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Add over budget %s returned %v, want it to block until the context ends", what, err)
+		}
 	}
-
+	blocked("with two rows in flight")
+	tr.Done(t1, true, "")
+	if _, by := tr.Inflight(); by != 2*one {
+		t.Fatalf("%d bytes charged after one confirm, want %d: a row is charged until acknowledged", by, 2*one)
+	}
+	blocked("with a confirmed row not yet acknowledged")
 	got := make(chan error, 1)
 	go func() {
 		_, err := tr.Add(context.Background(), rec(3, 1000))
 		got <- err
 	}()
-	tr.Done(t1, true, "")
+	b, ok := tr.Take()
+	if !ok || b.Bytes != one {
+		t.Fatalf("Take = %+v, %v; want row 1 holding %d bytes", b, ok, one)
+	}
+	tr.Release(b.Bytes)
 	if err := <-got; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A failed row keeps its whole size charged (its payload goes to
+// outbox_failed) until acknowledged.
+func TestFailedRowKeepsItsChargeUntilAcknowledged(t *testing.T) {
+	tr := New[int](1 << 20)
+	tk := add(t, tr, 1)
+	size := int64(rec(1, 10).Size())
+	tr.Done(tk, false, "nacked")
+	if _, by := tr.Inflight(); by != size+int64(len("nacked")) {
+		t.Fatalf("%d bytes charged for a failed row, want its size %d plus its reason", by, size)
+	}
+	b, _ := tr.Take()
+	if len(b.Failed) != 1 || b.Failed[0].Record == nil || len(b.Failed[0].Record.Payload) != 10 {
+		t.Fatalf("failed rows %+v, want row 1 with its payload", b.Failed)
+	}
+	tr.Release(b.Bytes)
+	if _, by := tr.Inflight(); by != 0 {
+		t.Fatalf("%d bytes charged after the acknowledgement", by)
+	}
+}
+
+// A transaction larger than the whole budget passes: its rows are handed
+// out for acknowledgement while it is still being read, and releasing them
+// lets the reader go on. The position moves only once it has ended.
+func TestTransactionLargerThanBudgetPasses(t *testing.T) {
+	one := int64(rec(1, 100).Size())
+	tr := New[int](10 * one)
+	tickets := make(chan *Ticket[int], 100)
+	done := make(chan struct{})
+	go func() { // the broker: confirms in order
+		for tk := range tickets {
+			tr.Done(tk, true, "")
+		}
+	}()
+	go func() { // the acker
+		defer close(done)
+		acked := 0
+		for {
+			select {
+			case <-tr.Changed():
+			case <-time.After(10 * time.Millisecond):
+			}
+			b, ok := tr.Take()
+			if !ok {
+				continue
+			}
+			if b.HasPos && b.Pos != 1 {
+				t.Errorf("position %d, want 1", b.Pos)
+			}
+			acked += b.Rows()
+			tr.Release(b.Bytes)
+			if b.HasPos {
+				if acked != 1000 {
+					t.Errorf("the position moved with %d of 1000 rows acknowledged", acked)
+				}
+				return
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for id := uint64(1); id <= 1000; id++ {
+		tk, err := tr.Add(ctx, rec(id, 100))
+		if err != nil {
+			t.Fatalf("row %d of a transaction 100 times the budget: %v", id, err)
+		}
+		if _, by := tr.Inflight(); by > 10*one {
+			t.Fatalf("%d bytes charged, budget %d", by, 10*one)
+		}
+		tickets <- tk
+	}
+	close(tickets)
+	tr.Commit(1)
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the transaction's position was never handed out")
+	}
+}
+
+// A row abandoned (never handed to a lane) is not acknowledged.
+func TestAbandonedRowIsNotAcknowledged(t *testing.T) {
+	tr := New[int](1 << 20)
+	a, b := add(t, tr, 1), add(t, tr, 2)
+	tr.Done(a, true, "")
+	tr.Abandon(b)
+	if m, by := tr.Inflight(); m != 0 || by != int64(rec(1, 10).Size()) {
+		t.Fatalf("in flight %d messages %d bytes, want 0 and row 1's %d", m, by, rec(1, 10).Size())
+	}
+	got, _ := tr.Take()
+	if got.HasPos || len(got.IDs) != 1 || got.IDs[0] != (Range{1, 1}) || len(got.Failed) != 0 {
+		t.Fatalf("Take = %+v; want row 1 alone, no position", got)
 	}
 }
 

@@ -22,7 +22,8 @@ var (
 	// ErrInvalidUTF8 ones.
 	ErrBadHeaders = errors.New("bad headers")
 	// ErrReservedHeader: a header name the relay sets itself (x-outbox-*,
-	// x-relay-*, x-partition-key, x-replay). Also matches ErrBadHeaders.
+	// x-relay-*, x-partition-key, x-created-at, x-replay). Also matches
+	// ErrBadHeaders.
 	ErrReservedHeader = errors.New("reserved header name")
 	// ErrBadAvailableAt: Message.AvailableAt is outside the DATETIME range
 	// (years 1000 to 9999).

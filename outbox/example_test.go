@@ -60,7 +60,7 @@ func ExampleValidationError() {
 		fmt.Println(ve.Index, ve.Field)
 	}
 	// Output:
-	// enqueue 2 messages: message 1: Headers["x-outbox-id"]: header name is reserved: the relay sets x-outbox-*, x-relay-*, x-partition-key and x-replay itself
+	// enqueue 2 messages: message 1: Headers["x-outbox-id"]: header name is reserved: the relay sets x-outbox-*, x-relay-*, x-partition-key, x-created-at and x-replay itself
 	// true true
 	// 1 Headers["x-outbox-id"]
 }

@@ -24,8 +24,10 @@ type Message struct {
 	// Headers become AMQP headers. A flat map: values must be strings, bools
 	// or numbers (any Go int, uint or float kind, or json.Number); names are
 	// non-empty, at most 255 bytes, and must not use the names the relay sets
-	// (x-outbox-*, x-relay-*, x-partition-key, x-replay). Stored as a JSON
-	// object, or NULL when empty.
+	// (x-outbox-*, x-relay-*, x-partition-key, x-created-at, x-replay).
+	// Stored as a JSON object, or NULL when empty. docs/wire.md says which
+	// AMQP type each value gets (a uint64 above math.MaxInt64, for one, goes
+	// as its decimal text).
 	Headers map[string]any
 	// Payload is the message body, stored and published byte for byte.
 	Payload []byte

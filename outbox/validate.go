@@ -39,7 +39,7 @@ const (
 func reservedHeader(name string) bool {
 	n := strings.ToLower(name)
 	return strings.HasPrefix(n, "x-outbox-") || strings.HasPrefix(n, "x-relay-") ||
-		n == "x-partition-key" || n == "x-replay"
+		n == "x-partition-key" || n == "x-replay" || n == "x-created-at"
 }
 
 // prepared is a validated message in the form it is inserted.
@@ -134,7 +134,7 @@ func encodeHeaders(i int, h map[string]any) (string, error) {
 		case !utf8.ValidString(k):
 			return "", bad("header name is not valid UTF-8", ErrInvalidUTF8)
 		case reservedHeader(k):
-			return "", bad("header name is reserved: the relay sets x-outbox-*, x-relay-*, x-partition-key and x-replay itself", ErrReservedHeader)
+			return "", bad("header name is reserved: the relay sets x-outbox-*, x-relay-*, x-partition-key, x-created-at and x-replay itself", ErrReservedHeader)
 		}
 		v, err := headerValue(h[k])
 		if err != nil {

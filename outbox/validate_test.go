@@ -66,6 +66,7 @@ func TestValidationErrors(t *testing.T) {
 		{"X-Relay-Epoch", hdr("X-Relay-Epoch", 1), ErrReservedHeader, `Headers["X-Relay-Epoch"]`},
 		{"x-partition-key", hdr("x-partition-key", "p"), ErrReservedHeader, `Headers["x-partition-key"]`},
 		{"x-replay", hdr("x-replay", true), ErrReservedHeader, `Headers["x-replay"]`},
+		{"X-Created-At", hdr("X-Created-At", "2026-11-23T13:45:01.123456Z"), ErrReservedHeader, `Headers["X-Created-At"]`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

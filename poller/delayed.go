@@ -92,8 +92,6 @@ func (s *DelayedSweeper) Round(ctx context.Context) (int, error) {
 	}
 	committed = true
 	p.observe(items, true, len(failed))
-	if len(failed) > 0 {
-		w.log.Warn("moved undeliverable rows to outbox_failed", zap.Int("rows", len(failed)))
-	}
+	logFailed(w.log, items)
 	return len(recs), nil
 }

@@ -451,9 +451,7 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 	committed = true
 	p.observe(items, true, len(failed))
 	w.commits.done()
-	if len(failed) > 0 {
-		w.log.Warn("moved undeliverable rows to outbox_failed", zap.Int("rows", len(failed)))
-	}
+	logFailed(w.log, items)
 	t3 := time.Now()
 	w.log.Debug("poll round committed", zap.Int("rows", len(recs)), zap.Int("failed", len(failed)),
 		zap.Duration("claim", t1.Sub(t0)), zap.Duration("publish", t2.Sub(t1)), zap.Duration("ack", t3.Sub(t2)))
@@ -579,9 +577,9 @@ func outcome(items []*item) []ordering.Failure {
 	for _, it := range items {
 		switch {
 		case it.bad != "":
-			failed = append(failed, ordering.Failure{Record: it.rec, Reason: it.bad})
+			failed = append(failed, ordering.Failure{Record: it.rec, Reason: badRecordReason(it.bad)})
 		case it.res.Outcome != publish.Confirmed:
-			failed = append(failed, ordering.Failure{Record: it.rec, Reason: fmt.Sprintf("%s: %s", it.res.Outcome, it.res.Reason)})
+			failed = append(failed, ordering.Failure{Record: it.rec, Reason: it.res.Reason})
 		}
 	}
 	return failed

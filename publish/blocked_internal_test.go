@@ -28,7 +28,11 @@ func TestPublishWaitsWhileBlocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait for the connection, then block.
+	deadline := time.Now().Add(10 * time.Second)
 	for conn, _, _, _ := p.state(); conn == nil; conn, _, _, _ = p.state() {
+		if time.Now().After(deadline) {
+			t.Fatal("no connection within 10s")
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	p.setBlocked(true)
@@ -37,6 +41,9 @@ func TestPublishWaitsWhileBlocked(t *testing.T) {
 	}
 	m := Message{Exchange: b.Exchange, RoutingKey: "k"}
 	m.Publishing.MessageId = "blocked-1"
+	// The deadline, and the bounded wait below, are the assertions: nothing
+	// marks "Publish is still waiting". A Publish that does not wait returns
+	// at once and fails; a slow machine only makes the check weaker.
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	if err := c.Publish(short, m); !errors.Is(err, context.DeadlineExceeded) {

@@ -28,8 +28,9 @@ type Config struct {
 	// The password never appears in errors or logs.
 	URL string
 	// ConfirmWindow is the most messages a Channel holds without a Result
-	// (published and not confirmed, or confirmed and waiting for an earlier
-	// message's Result). Default 256.
+	// (published and not confirmed, parked behind an earlier message of
+	// their key, or confirmed and waiting for an earlier message's Result).
+	// Default 256.
 	ConfirmWindow int
 	// MaxAttempts is how many times a message the broker nacks is published
 	// before it is reported Rejected. Default 5.

@@ -18,12 +18,18 @@
 //     goroutine owned by the Channel. A later message's Result is held back
 //     until every earlier message has its Result, also while an earlier one
 //     is being retried after a nack.
-//   - On the wire a Channel publishes in Publish order. Two things may break
-//     that order for a consumer: a nacked message is republished at once on
-//     the same channel, behind messages published after it; and after a
-//     connection or channel loss every unconfirmed message is republished,
-//     in its original order, before any new one, so a consumer may see a
-//     message twice (order of first deliveries is kept). Nothing is lost.
+//   - Messages with the same non-empty Message.Key reach a queue in publish
+//     order: the first delivery of each comes after the first delivery of
+//     every earlier message of its key that was routed there, also through
+//     nacks, returns, channel exceptions and reconnects (see "Order per key").
+//     Messages of different keys, and messages with Key "", carry no order
+//     between them.
+//   - After a connection loss, or a channel the broker closed, every sent
+//     message without a Result is published again, in publish order, before
+//     any new one, so a consumer may see a message twice. Nothing is lost.
+//     Otherwise only a nacked message is published again; a nack means the
+//     broker did not take it, except that a message routed to several queues
+//     is nacked when one of them refuses it and the others keep their copy.
 //
 // # Outcomes
 //
@@ -31,34 +37,79 @@
 //     durable queue and a persistent message, stored).
 //   - Returned: the broker refused this particular message and will keep
 //     refusing it: basic.return of a mandatory publish (no queue bound for the
-//     routing key, Code 312), or a channel exception that the message caused,
-//     such as a missing exchange (Code 404, Reason "exchange not found: ...").
+//     routing key, Code 312), an exchange that does not exist (Code 404,
+//     Reason "exchange not found: ...", found before sending or from the
+//     channel exception its publish caused), or another channel exception
+//     the message caused.
 //   - Rejected: the broker nacked the message MaxAttempts times in a row.
+//
+// # Order per key
+//
+// Within a Channel at most one message per non-empty key is on the wire: sent
+// and without a Result. A message whose key already has one is accepted (it
+// takes its window slot, and its Result still comes in publish order) but
+// parked, not sent; messages of other keys pass it on the wire. When the
+// message on the wire gets its Result (confirmed, returned, or rejected after
+// MaxAttempts), the next parked message of its key is sent. Messages with Key
+// "" are never parked. A single hot key therefore moves one message per
+// confirm round trip; many keys still pipeline, up to the window.
+//
+// Why not pipeline everything and, on a nack, publish the nacked message and
+// everything after it again (go-back-N)? Because the broker does not refuse
+// a whole stream, it refuses single messages, and a later message of the key
+// may already be in the queue. With x-max-length and
+// x-overflow=reject-publish, message A of key K is nacked because the queue
+// is full; a consumer ack frees room; B of K, published after A, is taken.
+// Republishing A and B puts A behind the first copy of B, and the consumer's
+// first delivery of B precedes A. Only not sending B until A's fate is known
+// keeps the order, and then a nacked A is published again while it is still
+// the only message of K in flight. The same holds when a channel exception
+// or a lost connection takes the channel down: the sent messages without a
+// Result are published again in publish order, and the parked ones follow as
+// their keys free up.
+//
+// # Exchanges that do not exist
+//
+// Publishing to an exchange that does not exist makes RabbitMQ close the
+// channel (404 NOT_FOUND) without naming the publish that caused it; it has
+// routed the messages published before it and discards those after it, and
+// the publisher cannot tell which were which without their confirms, so
+// publishing them again after the close would duplicate some. Bad input must
+// cost its neighbours nothing, so the message is not sent at all: the
+// Publisher keeps the exchanges known to exist, and before a Channel accepts a
+// message to an exchange not known yet, the Publisher asks the broker with a
+// passive exchange.declare on a side channel of its connection (one check at
+// a time; the 404 closes the side channel, which is reopened for the next).
+// An exchange that exists is remembered for the Publisher's life; a message
+// to one that does not is resolved Returned (Code 404, Reason "exchange not
+// found: 404 NOT_FOUND - no exchange ...") in publish order without being
+// sent. Missing exchanges are not remembered: every message to one costs a
+// check. The default exchange "" always exists and is never checked.
 //
 // # Finding the message that closed the channel
 //
-// Publishing to an exchange that does not exist makes RabbitMQ close the
-// channel (404 NOT_FOUND) without naming the publish that caused it, and it
-// discards every publish that followed on that channel. When exactly one
-// message was unconfirmed, it is the cause. Otherwise the Channel reopens and
-// republishes its unconfirmed messages one at a time, each waiting for its
-// confirm (probe mode), until one of them closes the channel again: that one
-// is the cause and is reported Returned; the rest resume in pipelined mode.
-// This costs one round trip per message ahead of the culprit, only after a
-// channel exception, and it needs no parsing of broker error texts and no
-// separate existence checks that could go stale. Only soft errors a publish
-// can cause (311, 403, 404, 406) are blamed on a message; any other
-// channel close is retried.
+// An exchange deleted after its check, and other soft errors a publish can
+// cause, still close the channel. When exactly one message was unconfirmed,
+// it is the cause. Otherwise the Channel reopens and republishes the messages
+// that were unconfirmed one at a time, each waiting for its confirm (probe
+// mode), until one of them closes the channel again: that one is the cause
+// and is reported Returned; the rest resume in pipelined mode. This costs
+// one round trip per message ahead of the culprit, only after a channel
+// exception, and it needs no parsing of broker error texts. A 404 close also
+// drops the exchanges of the unconfirmed messages from the known ones, so
+// the next message to each is checked again. Only soft errors a publish can
+// cause (311, 403, 404, 406) are blamed on a message; any other channel close
+// is retried.
 //
 // # Nacks
 //
-// A nacked message is published again at once on the same channel, up to
-// MaxAttempts publishes, then reported Rejected. Its disposition is read from
-// amqp091's DeferredConfirmation, not from the NotifyPublish stream: that
-// stream reports a nack as an ack when the broker's nack came before an
-// ack with multiple=true covering the same tag (seen with RabbitMQ 3.10 and
-// x-overflow=reject-publish; amqp091-go v1.16.0 confirms.Multiple ignores
-// what it buffered).
+// A nacked message is published again at once on the same channel, still the
+// only one of its key on the wire, up to MaxAttempts publishes, then reported
+// Rejected. Its disposition is read from amqp091's DeferredConfirmation, not
+// from the NotifyPublish stream: that stream reports a nack as an ack when
+// the broker's nack came before an ack with multiple=true covering the same
+// tag (seen with RabbitMQ 3.10 and x-overflow=reject-publish; amqp091-go
+// v1.16.0 confirms.Multiple ignores what it buffered).
 //
 // # Writes
 //
@@ -72,7 +123,8 @@
 // # Timestamps
 //
 // The AMQP timestamp property has whole seconds: FromRecord sets created_at
-// and the broker delivers it truncated to the second.
+// and the broker delivers it truncated to the second. The x-created-at
+// header carries the full instant (CreatedAtLayout, microseconds, UTC).
 //
 // # Correlating returns
 //

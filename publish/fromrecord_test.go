@@ -31,31 +31,129 @@ func baseRecord() *outbox.Record {
 
 func TestFromRecordWireMessage(t *testing.T) {
 	rec := baseRecord()
-	rec.Headers = []byte(`{"tenant":"acme","n":3,"neg":-7,"big":9007199254740993,"exp":1e3,"two":2.0,"ratio":0.25,"ok":true,"no":false,"x-replay":true,"x-outbox-id":"spoofed"}`)
+	rec.Headers = []byte(`{"tenant":"acme","n":3,"neg":-7,"big":9007199254740993,"exp":1e3,"two":2.0,"ratio":0.25,"ok":true,"no":false,"x-replay":true,"x-outbox-id":"spoofed","x-created-at":"spoofed"}`)
 	m, err := publish.FromRecord(rec, "default-ex", 9, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := publish.Message{
-		Exchange:   "orders",
-		RoutingKey: "order.placed",
-		Publishing: amqp.Publishing{
-			Headers: amqp.Table{
-				"tenant": "acme", "n": int64(3), "neg": int64(-7), "big": int64(9007199254740993),
-				"exp": int64(1000), "two": int64(2), "ratio": 0.25, "ok": true, "no": false,
-				"x-outbox-id": int64(42), "x-partition-key": "order-7", "x-relay-epoch": int64(9),
-			},
-			ContentType:  "application/json",
-			DeliveryMode: amqp.Persistent,
-			MessageId:    "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
-			Timestamp:    rec.CreatedAt,
-			Type:         "order.placed",
-			Body:         rec.Payload,
+	want := amqp.Publishing{
+		Headers: amqp.Table{
+			"tenant": "acme", "n": int64(3), "neg": int64(-7), "big": int64(9007199254740993),
+			"exp": int64(1000), "two": int64(2), "ratio": 0.25, "ok": true, "no": false,
+			"x-outbox-id": int64(42), "x-partition-key": "order-7", "x-relay-epoch": int64(9),
+			"x-created-at": "2026-05-01T12:30:45.123456Z",
 		},
-		Size: rec.Size(),
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		MessageId:    "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+		Timestamp:    rec.CreatedAt,
+		Type:         "order.placed",
+		Body:         rec.Payload,
 	}
-	if !reflect.DeepEqual(m, want) {
-		t.Fatalf("FromRecord:\ngot  %#v\nwant %#v", m, want)
+	if m.Exchange != "orders" || m.RoutingKey != "order.placed" || m.Size != rec.Size() || m.Tag != nil {
+		t.Errorf("FromRecord: exchange %q, routing key %q, size %d, tag %v", m.Exchange, m.RoutingKey, m.Size, m.Tag)
+	}
+	if !reflect.DeepEqual(m.Publishing, want) {
+		t.Fatalf("FromRecord:\ngot  %#v\nwant %#v", m.Publishing, want)
+	}
+}
+
+// x-created-at is created_at in RFC 3339 UTC with exactly six fractional
+// digits, whatever the microseconds and the time's location.
+func TestFromRecordCreatedAtHeader(t *testing.T) {
+	for _, tc := range []struct {
+		at   time.Time
+		want string
+	}{
+		{time.Date(2026, 11, 23, 13, 45, 1, 123456000, time.UTC), "2026-11-23T13:45:01.123456Z"},
+		{time.Date(2026, 11, 23, 13, 45, 1, 0, time.UTC), "2026-11-23T13:45:01.000000Z"},
+		{time.Date(2026, 11, 23, 13, 45, 1, 100000, time.UTC), "2026-11-23T13:45:01.000100Z"},
+		{time.Date(2026, 11, 23, 18, 45, 1, 999999000, time.FixedZone("+05", 5*3600)), "2026-11-23T13:45:01.999999Z"},
+	} {
+		rec := baseRecord()
+		rec.CreatedAt = tc.at
+		m, err := publish.FromRecord(rec, "", 1, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Publishing.Headers["x-created-at"]; got != tc.want {
+			t.Errorf("created_at %s: x-created-at %v, want %s", tc.at, got, tc.want)
+		}
+		if !m.Publishing.Timestamp.Equal(tc.at) {
+			t.Errorf("created_at %s: timestamp %s", tc.at, m.Publishing.Timestamp)
+		}
+	}
+	// A zero created_at ('0000-00-00' in a lenient sql_mode) has no instant:
+	// no timestamp property and no header.
+	rec := baseRecord()
+	rec.CreatedAt = time.Time{}
+	m, err := publish.FromRecord(rec, "", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := m.Publishing.Headers["x-created-at"]; ok || !m.Publishing.Timestamp.IsZero() {
+		t.Errorf("zero created_at: x-created-at %v, timestamp %s; want neither", v, m.Publishing.Timestamp)
+	}
+}
+
+// The JSON → AMQP field mapping of docs/wire.md: every value is carried
+// exactly; a number no int64 or double holds goes as its JSON text.
+func TestFromRecordHeaderTypes(t *testing.T) {
+	deep := func(n int, leaf string) string {
+		return strings.Repeat(`{"d":`, n) + leaf + strings.Repeat(`}`, n)
+	}
+	nested := func(n int, leaf any) any {
+		for range n {
+			leaf = amqp.Table{"d": leaf}
+		}
+		return leaf
+	}
+	rec := baseRecord()
+	rec.Headers = []byte(`{
+		"s": "ünï ✓", "empty": "", "t": true, "f": false,
+		"i": 3, "neg": -7, "zero": 0, "negzero": -0.0, "maxi": 9223372036854775807, "mini": -9223372036854775808,
+		"intfloat": 9007199254740993.0, "exp": 2.5E+3, "scaled": 100e-2, "bigexp": 0e999999999999999999999,
+		"ratio": 0.25, "tenth": 0.1, "pi": 3.141592653589793, "e21": 1e21, "small": 1.5e-300, "denorm": 5e-324,
+		"u64": 18446744073709551615, "over": 9223372036854775808, "under": -9223372036854775809,
+		"huge": 1e400, "tiny": 1e-400, "precise": 0.1000000000000000000001, "long": 12345678901234567890.5,
+		"manydigits": 3.14159265358979323846, "hugeexp": 1e99999999999999999999,
+		"null": null,
+		"obj": {"a": 1, "b": [true, null, "x", 0.5, 18446744073709551615], "c": {}},
+		"arr": [1, 2.5, "s", [], {"k": null}], "emptyarr": [],
+		"deep32": ` + deep(31, `{"leaf":1}`) + `
+	}`)
+	m, err := publish.FromRecord(rec, "", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := amqp.Table{
+		"s": "ünï ✓", "empty": "", "t": true, "f": false,
+		"i": int64(3), "neg": int64(-7), "zero": int64(0), "negzero": int64(0),
+		"maxi": int64(math.MaxInt64), "mini": int64(math.MinInt64),
+		"intfloat": int64(9007199254740993), "exp": int64(2500), "scaled": int64(1), "bigexp": int64(0),
+		"ratio": 0.25, "tenth": 0.1, "pi": 3.141592653589793, "e21": 1e21, "small": 1.5e-300, "denorm": 5e-324,
+		"u64": "18446744073709551615", "over": "9223372036854775808", "under": "-9223372036854775809",
+		"huge": "1e400", "tiny": "1e-400", "precise": "0.1000000000000000000001", "long": "12345678901234567890.5",
+		"manydigits": "3.14159265358979323846", "hugeexp": "1e99999999999999999999",
+		"null":     nil,
+		"obj":      amqp.Table{"a": int64(1), "b": []any{true, nil, "x", 0.5, "18446744073709551615"}, "c": amqp.Table{}},
+		"arr":      []any{int64(1), 2.5, "s", []any{}, amqp.Table{"k": nil}},
+		"emptyarr": []any{},
+		"deep32":   nested(31, amqp.Table{"leaf": int64(1)}),
+	}
+	got := m.Publishing.Headers
+	for _, k := range []string{"x-outbox-id", "x-partition-key", "x-relay-epoch", "x-created-at"} {
+		delete(got, k)
+	}
+	for k, w := range want {
+		if g, ok := got[k]; !ok || !reflect.DeepEqual(g, w) {
+			t.Errorf("header %q: got %#v (%T), want %#v (%T)", k, g, g, w, w)
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("unexpected header %q", k)
+		}
 	}
 }
 
@@ -72,8 +170,8 @@ func TestFromRecordReplayAndDefaultExchange(t *testing.T) {
 	if m.Publishing.Headers["x-replay"] != true {
 		t.Errorf("x-replay = %v, want true", m.Publishing.Headers["x-replay"])
 	}
-	if len(m.Publishing.Headers) != 4 {
-		t.Errorf("headers %v, want only the four relay headers", m.Publishing.Headers)
+	if len(m.Publishing.Headers) != 5 {
+		t.Errorf("headers %v, want only the five relay headers", m.Publishing.Headers)
 	}
 }
 
@@ -88,8 +186,8 @@ func TestFromRecordNoHeaders(t *testing.T) {
 			t.Errorf("headers %q: %v", h, err)
 			continue
 		}
-		if len(m.Publishing.Headers) != 3 {
-			t.Errorf("headers %q: got %v, want the three relay headers", h, m.Publishing.Headers)
+		if len(m.Publishing.Headers) != 4 {
+			t.Errorf("headers %q: got %v, want the four relay headers", h, m.Publishing.Headers)
 		}
 	}
 }
@@ -101,10 +199,12 @@ func TestFromRecordBadHeaders(t *testing.T) {
 		{`42`, "not a JSON object"},
 		{`{"a":`, "not valid JSON"},
 		{`{"a":1} {"b":2}`, "data after"},
-		{`{"a":{"b":1}}`, `"a" is an object`},
-		{`{"a":[1]}`, `"a" is an array`},
-		{`{"a":null}`, `"a" is null`},
 		{`{"` + strings.Repeat("k", 256) + `":1}`, "header name"},
+		{`{"a":{"` + strings.Repeat("k", 256) + `":1}}`, "header name"},
+		// amqp091-go consumers refuse tables nested deeper than 32 levels
+		// (and close the connection): such a message must not go out.
+		{`{"a":` + strings.Repeat(`{"d":`, 33) + `1` + strings.Repeat(`}`, 33) + `}`, `header "a": nested deeper than 32 levels`},
+		{`{"a":` + strings.Repeat(`[`, 33) + strings.Repeat(`]`, 33) + `}`, `header "a": nested deeper than 32 levels`},
 	} {
 		rec := baseRecord()
 		rec.Headers = []byte(tc.headers)

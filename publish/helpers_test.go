@@ -173,6 +173,104 @@ func consume(t testing.TB, url, queue string) *consumer {
 	return c
 }
 
+// consumeSlowly is consume with manual acks, one message at a time, each
+// acknowledged delay after it arrived: a consumer slower than the publisher,
+// so that a length-limited queue stays full. The sleep is the consumer's
+// work, not a wait for a condition.
+func consumeSlowly(t testing.TB, url, queue string, delay time.Duration) *consumer {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("consumer dial: %v", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("consumer channel: %v", err)
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatalf("consumer prefetch: %v", err)
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("consume %s: %v", queue, err)
+	}
+	c := &consumer{cond: make(chan struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for d := range deliveries {
+			c.mu.Lock()
+			c.got = append(c.got, d)
+			close(c.cond)
+			c.cond = make(chan struct{})
+			c.mu.Unlock()
+			time.Sleep(delay)
+			_ = d.Ack(false)
+		}
+	}()
+	t.Cleanup(func() {
+		conn.Close()
+		<-done
+	})
+	return c
+}
+
+// barrierPrefix marks the MessageId of the messages barrier publishes.
+const barrierPrefix = "barrier-"
+
+// barrier publishes a marker on each Channel once everything published on
+// it before has its Result, and waits until cons has received every marker.
+// A message reaches the queue before its Result (each copy of it, when it
+// was republished without a connection loss), so the markers are behind all
+// of them: once they have arrived, every delivery and duplicate that was
+// going to arrive has. Deliveries of markers are left out of the returned
+// deliveries.
+func barrier(t *testing.T, cons *consumer, exchange, routingKey string, chans ...*publish.Channel) []amqp.Delivery {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	want := map[string]bool{}
+	for i, c := range chans {
+		if err := c.Flush(ctx); err != nil {
+			t.Fatalf("flush before the barrier: %v", err)
+		}
+		id := fmt.Sprintf("%s%d-%d", barrierPrefix, time.Now().UnixNano(), i)
+		want[id] = true
+		m := publish.Message{Exchange: exchange, RoutingKey: routingKey, Publishing: amqp.Publishing{MessageId: id}}
+		if err := c.Publish(ctx, m); err != nil {
+			t.Fatalf("publish the barrier: %v", err)
+		}
+	}
+	ds := cons.waitFor(t, 60*time.Second, func(ds []amqp.Delivery) bool {
+		n := 0
+		for _, d := range ds {
+			if want[d.MessageId] {
+				n++
+			}
+		}
+		return n == len(want)
+	})
+	var out []amqp.Delivery
+	for _, d := range ds {
+		if !strings.HasPrefix(d.MessageId, barrierPrefix) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// waitUntil polls cond until it holds, failing the test after timeout.
+func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // waitFor waits until pred holds over the deliveries so far.
 func (c *consumer) waitFor(t testing.TB, timeout time.Duration, pred func([]amqp.Delivery) bool) []amqp.Delivery {
 	t.Helper()
@@ -210,6 +308,7 @@ type faultProxy struct {
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
 	disabled bool
+	refused  int // connections refused while disabled
 }
 
 func newFaultProxy(t testing.TB, target string) *faultProxy {
@@ -242,6 +341,9 @@ func (p *faultProxy) accept() {
 		disabled := p.disabled
 		p.mu.Unlock()
 		if disabled {
+			p.mu.Lock()
+			p.refused++
+			p.mu.Unlock()
 			down.Close()
 			continue
 		}
@@ -282,6 +384,9 @@ func (p *faultProxy) Cut() {
 
 func (p *faultProxy) Disable() { p.mu.Lock(); p.disabled = true; p.mu.Unlock() }
 func (p *faultProxy) Enable()  { p.mu.Lock(); p.disabled = false; p.mu.Unlock() }
+
+// Refused is how many connections were refused while disabled.
+func (p *faultProxy) Refused() int { p.mu.Lock(); defer p.mu.Unlock(); return p.refused }
 
 func amqpHostPort(t testing.TB, url string) string {
 	t.Helper()

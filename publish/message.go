@@ -1,11 +1,7 @@
 package publish
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -20,6 +16,9 @@ const (
 	HeaderPartitionKey = "x-partition-key"
 	HeaderRelayEpoch   = "x-relay-epoch"
 	HeaderReplay       = "x-replay"
+	// HeaderCreatedAt is created_at with its microseconds, in
+	// CreatedAtLayout; absent when created_at is the zero date.
+	HeaderCreatedAt = "x-created-at"
 )
 
 // Outcome is what became of a published message.
@@ -69,6 +68,10 @@ type Message struct {
 	// Publishing holds the properties and body. The Channel always publishes
 	// with mandatory set, so unroutable messages come back as Returned.
 	Publishing amqp.Publishing
+	// Key is the partition key: messages with the same non-empty Key are
+	// delivered in publish order, also through nacks and reconnects (at most
+	// one of them is on the wire at a time). '' means no ordering constraint.
+	Key string
 	// Tag is the caller's handle, given back in Result.
 	Tag any
 	// Size is the caller's accounting of the message in bytes (optional,
@@ -95,15 +98,19 @@ func badRecord(format string, args ...any) error {
 //
 //   - exchange rec.Exchange, or defaultExchange when that is empty;
 //     routing key rec.RoutingKey; body rec.Payload byte for byte;
+//   - Key rec.PartitionKey (the Channel's order per key);
 //   - MessageId rec.MessageID.String(), Type message_type, ContentType,
 //     DeliveryMode persistent, Timestamp created_at;
-//   - headers: the row's JSON object's string, number and bool values
-//     (integral numbers as int64, others float64), then x-outbox-id (int64),
-//     x-partition-key, x-relay-epoch (int64) and, when replay, x-replay true.
+//   - headers: the row's JSON object, each value carried exactly
+//     (recordHeaders: strings, bools, null as void, numbers as int64, double
+//     or their JSON text, objects and arrays as nested tables and arrays),
+//     then x-outbox-id (int64), x-partition-key, x-relay-epoch (int64),
+//     x-created-at (CreatedAtLayout) and, when replay, x-replay true. The
+//     relay's names replace the row's headers of the same names.
 //
 // SQL NULL headers and the JSON text null (what json.Marshal makes of a nil
-// map) mean no row headers. Headers that are not a JSON object, a value that
-// is an object, array or null, and names or values longer than AMQP allows
+// map) mean no row headers. Headers that are not a JSON object, values
+// nested deeper than 32 levels, and names or values longer than AMQP allows
 // give a *BadRecordError.
 func FromRecord(rec *outbox.Record, defaultExchange string, epoch int64, replay bool) (Message, error) {
 	if rec.ID > math.MaxInt64 {
@@ -114,6 +121,10 @@ func FromRecord(rec *outbox.Record, defaultExchange string, epoch int64, replay 
 		return Message{}, err
 	}
 	delete(headers, HeaderReplay)
+	delete(headers, HeaderCreatedAt)
+	if !rec.CreatedAt.IsZero() {
+		headers[HeaderCreatedAt] = FormatCreatedAt(rec.CreatedAt)
+	}
 	headers[HeaderOutboxID] = int64(rec.ID)
 	headers[HeaderPartitionKey] = rec.PartitionKey
 	headers[HeaderRelayEpoch] = epoch
@@ -127,6 +138,7 @@ func FromRecord(rec *outbox.Record, defaultExchange string, epoch int64, replay 
 	m := Message{
 		Exchange:   exchange,
 		RoutingKey: rec.RoutingKey,
+		Key:        rec.PartitionKey,
 		Publishing: amqp.Publishing{
 			Headers:      headers,
 			ContentType:  rec.ContentType,
@@ -143,64 +155,6 @@ func FromRecord(rec *outbox.Record, defaultExchange string, epoch int64, replay 
 		return Message{}, err
 	}
 	return m, nil
-}
-
-// recordHeaders decodes the headers column into an AMQP table (never nil).
-func recordHeaders(raw []byte) (amqp.Table, error) {
-	table := amqp.Table{}
-	trimmed := bytes.TrimSpace(raw)
-	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
-		return table, nil
-	}
-	if trimmed[0] != '{' {
-		return nil, badRecord("headers are not a JSON object")
-	}
-	dec := json.NewDecoder(bytes.NewReader(trimmed))
-	dec.UseNumber()
-	var obj map[string]any
-	if err := dec.Decode(&obj); err != nil {
-		return nil, badRecord("headers are not valid JSON: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, badRecord("headers have data after the JSON object")
-	}
-	for k, v := range obj {
-		switch v := v.(type) {
-		case string, bool:
-			table[k] = v
-		case json.Number:
-			n, err := jsonNumber(v)
-			if err != nil {
-				return nil, badRecord("header %q: %v", k, err)
-			}
-			table[k] = n
-		case nil:
-			return nil, badRecord("header %q is null: only string, number and bool values are supported", k)
-		case map[string]any:
-			return nil, badRecord("header %q is an object: only string, number and bool values are supported", k)
-		case []any:
-			return nil, badRecord("header %q is an array: only string, number and bool values are supported", k)
-		default:
-			return nil, badRecord("header %q has unsupported type %T", k, v)
-		}
-	}
-	return table, nil
-}
-
-// jsonNumber is int64 when the number is integral and fits (1, -3, 1e3,
-// 2.0), float64 otherwise.
-func jsonNumber(n json.Number) (any, error) {
-	if i, err := n.Int64(); err == nil {
-		return i, nil
-	}
-	f, err := n.Float64()
-	if err != nil {
-		return nil, fmt.Errorf("number %s out of range", n.String())
-	}
-	if f == math.Trunc(f) && f >= math.MinInt64 && f < math.MaxInt64 {
-		return int64(f), nil
-	}
-	return f, nil
 }
 
 // validateMessage checks what amqp091 would only find while writing the

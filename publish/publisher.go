@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"net"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 )
 
 // ErrClosed is returned by the methods of a closed Publisher or Channel, and
@@ -29,7 +30,13 @@ type Publisher struct {
 	log    *zap.Logger
 	ctx    context.Context // ends on Close or when New's ctx ends
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the supervisor goroutine
+	wg     sync.WaitGroup // the supervisor and the exchange checker goroutines
+
+	// checks feeds the exchange checker (exchanges.go), which answers one
+	// at a time; exchanges holds the exchanges known to exist.
+	checks    chan exchangeCheck
+	exMu      sync.Mutex
+	exchanges map[string]struct{}
 
 	mu       sync.Mutex
 	conn     *amqp.Connection // nil while down
@@ -58,6 +65,9 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 		cancel:   cancel,
 		changed:  make(chan struct{}),
 		channels: map[*Channel]struct{}{},
+
+		checks:    make(chan exchangeCheck),
+		exchanges: map[string]struct{}{},
 	}
 	conn, err := p.dial()
 	if err != nil {
@@ -68,8 +78,9 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 		}
 		p.log.Warn("AMQP broker unreachable, retrying in the background", zap.Error(err))
 	}
-	p.wg.Add(1)
+	p.wg.Add(2)
 	go p.supervise(conn)
+	go p.checkExchanges()
 	return p, nil
 }
 
@@ -117,7 +128,7 @@ func (p *Publisher) supervise(conn *amqp.Connection) {
 	everConnected := conn != nil
 	for {
 		if conn == nil {
-			if !sleep(bo.Next(), p.ctx.Done()) {
+			if !backoff.Sleep(p.ctx, bo.Next()) {
 				return
 			}
 			var err error

@@ -60,6 +60,10 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 		case err == nil:
 			retry.Reset()
 		case errors.Is(err, checkpoint.ErrFenced):
+			// A newer leader exists: end the term now (reading and
+			// publishing stop through leader.Lost) rather than at the
+			// next heartbeat.
+			p.leader.Lose(err)
 			return err
 		case final:
 			return fmt.Errorf("final acknowledgement: %w", err)
@@ -80,7 +84,8 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 // with anything an earlier failed attempt left. Rows are acknowledged at once;
 // a position-only move waits for CheckpointInterval unless force is set. When
 // it returns nil, everything taken so far is acknowledged or deferred only
-// by that interval.
+// by that interval, and the budget the acknowledged rows held is released:
+// while acknowledgements fail the budget stays spent and reading stops.
 func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	p.ackMu.Lock()
 	defer p.ackMu.Unlock()
@@ -99,6 +104,7 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	if err := p.r.store.Ack(ctx, p.epoch, ack); err != nil {
 		return err
 	}
+	p.tracker.Release(b.Bytes)
 	m := p.r.cfg.Metrics
 	m.MessagesFailed(len(ack.Failed))
 	if ack.HasPos {

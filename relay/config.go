@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -46,6 +47,12 @@ type Config struct {
 	// OnMode, if set, is told each mode a leader term enters (binlog or
 	// poll) and why, from the relay's goroutine; it must not block.
 	OnMode func(mode, reason string)
+	// Maintenance, if set, is called at the start of each leader term and
+	// then every MaintenanceInterval (default 1h) while this instance leads,
+	// never on a standby; calls do not overlap. Its context ends with the
+	// term (shutdown or leadership lost); it must return soon after.
+	Maintenance         func(ctx context.Context)
+	MaintenanceInterval time.Duration
 }
 
 // ConfigError is a configuration or server-setup problem that retrying will

@@ -31,6 +31,7 @@ type modeSwitch struct{ to, reason string }
 // between binlog and poll as the server allows, until shutdown, leadership
 // loss or a fatal error.
 func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
+	defer r.maintainWhileLeading(ctx, leader)()
 	mode, reason := r.startMode(ctx)
 	for {
 		r.log.Info("mode", zap.String("mode", mode), zap.String("reason", reason))
@@ -86,21 +87,20 @@ func (r *Relay) startMode(ctx context.Context) (mode, reason string) {
 
 // fallbackReason says whether err from the binlog pipeline should send an
 // auto relay to poll mode, and why. These are the errors retrying the
-// binlog cannot fix but polling can work around.
+// binlog cannot fix but polling can work around. A *canal.DivergedError is
+// not among them: restarting the term from the durable checkpoint cures it.
 func (r *Relay) fallbackReason(err error) string {
 	if r.cfg.Mode != ModeAuto || err == nil {
 		return ""
 	}
 	var (
-		purged   *canal.PurgedError
-		diverged *canal.DivergedError
-		access   *canal.AccessError
-		pre      *canal.PreflightError
-		cfgErr   *ConfigError
+		purged *canal.PurgedError
+		access *canal.AccessError
+		pre    *canal.PreflightError
+		cfgErr *ConfigError
 	)
 	switch {
-	case errors.As(err, &purged), errors.As(err, &diverged), errors.As(err, &access),
-		errors.As(err, &pre), errors.As(err, &cfgErr):
+	case errors.As(err, &purged), errors.As(err, &access), errors.As(err, &pre), errors.As(err, &cfgErr):
 		return err.Error()
 	}
 	return ""
@@ -109,11 +109,18 @@ func (r *Relay) fallbackReason(err error) string {
 // troubleWatch decides, from the tailer's reconnect attempts, when binlog
 // trouble has lasted longer than --fallback-after while the database still
 // answers; it then calls stop once with the reason.
+//
+// The trouble starts at the first failure after the stream last made
+// progress (attempt 1: the tailer counts failures since it last yielded a
+// row or a transaction) and ends only with progress. A connection that hangs
+// until the read timeout is trouble however long it lives. A healthy stream
+// always progresses: the leader's heartbeat is a transaction every few
+// seconds.
 type troubleWatch struct {
 	r     *Relay
 	stop  func(reason string)
 	mu    sync.Mutex
-	since time.Time
+	since time.Time // the first failure since the last progress
 	fired bool
 }
 

@@ -23,6 +23,7 @@ type ticket = ordering.Ticket[position.Position]
 // tracker, the acker. It lives until leadership is lost, an error, or shutdown.
 type pipeline struct {
 	r         *Relay
+	leader    *checkpoint.Leader
 	epoch     int64
 	tracker   *ordering.Tracker[position.Position]
 	lanes     *ordering.Lanes
@@ -94,7 +95,7 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 	defer publisher.Close()
 
 	p := &pipeline{
-		r: r, epoch: leader.Epoch(), publisher: publisher,
+		r: r, leader: leader, epoch: leader.Epoch(), publisher: publisher,
 		tracker: ordering.New[position.Position](r.cfg.MaxInflightBytes),
 		lanes:   ordering.NewLanes(r.cfg.Lanes),
 		lastAck: time.Now(), cancelRead: cancelRead,
@@ -167,8 +168,19 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 		return nil, ackErr
 	case fallback != "" && ackErr == nil:
 		return &modeSwitch{to: ModePoll, reason: fallback}, nil
+	case fallback != "":
+		// Never readErr here: in auto mode its cause (a purged position, a
+		// missing grant) is no reason to exit. The acknowledgement's error
+		// restarts the term from the durable checkpoint, which decides the
+		// mode again; what was not acknowledged is published again.
+		return nil, fmt.Errorf("binlog mode stopped (%s); acknowledging before polling: %w", fallback, ackErr)
 	case readErr == nil:
 		return nil, ackErr
+	case leader.Err() != nil:
+		// Leadership lost: the next term decides again, also about a read
+		// error that would be fatal (it may be a consequence of the loss).
+		r.log.Warn("binlog mode stopped after leadership was lost", zap.Error(readErr))
+		return nil, leader.Err()
 	}
 	return nil, readErr
 }
@@ -289,10 +301,11 @@ func (p *pipeline) dispatch(ctx context.Context, rec *outbox.Record) error {
 	case p.queues[p.lanes.For(rec.PartitionKey)] <- &laneItem{tk: tk, msg: msg}:
 		return nil
 	case <-ctx.Done():
-		// Never handed to a lane, so never published; resolve its ticket
-		// so WaitIdle does not wait for it. Its transaction is never
-		// acknowledged: Row fails, so the tailer stops before its Commit.
-		p.tracker.Done(tk, false, "not published: reading stopped")
+		// Never handed to a lane, so never published: abandon its ticket
+		// (not acknowledged, not failed) so WaitIdle does not wait for it.
+		// Its transaction never resolves: Row fails, so the tailer stops
+		// before its Commit.
+		p.tracker.Abandon(tk)
 		return ctx.Err()
 	}
 }

@@ -22,13 +22,32 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	var from position.Position
 	if progress.Position.IsZero() || progress.Mode == "poll" {
 		// First start (or the last leader polled): the stored position, if
-		// any, is older than what was delivered. Take the current position,
-		// deliver everything pending, and tail from that position publishing
-		// only rows still pending up to where the sweep ended (design §5).
+		// any, is older than what was delivered. Take the server's position
+		// Gs, deliver everything pending (the sweep), take Ge, and tail from
+		// Gs publishing only rows still pending up to Ge (design §5).
+		//
+		// Gs and Ge come from consistent snapshots (canal.SnapshotPosition):
+		// every transaction at or before one is visible to every read after
+		// it was taken, and none after it was visible then. So:
+		//  - a transaction in Gs is visible to the sweep, which starts after
+		//    Gs: the sweep delivers its rows (or a poller did before); the
+		//    tail starts after Gs and rightly skips it.
+		//  - a transaction the sweep saw was visible before Ge was taken,
+		//    so it is in Ge: past Ge the tail publishes everything and sends
+		//    nothing the sweep sent.
+		//  - a transaction between Gs and Ge is visible to the window's
+		//    pending checks, which run after Ge was taken: a row still
+		//    pending was not delivered by the sweep (which deletes or marks
+		//    what it delivers, and committed before Ge), so it is published
+		//    once; a row gone was delivered.
+		// @@gtid_binlog_pos would not do: it holds a transaction from its
+		// binlog write on, before its commit is visible, so that transaction
+		// could be in Gs yet invisible to the sweep (delivered by neither),
+		// or at or before Ge yet invisible to a pending check (skipped).
 		p.mode.Store("poll")
-		gs, err := canal.CurrentPosition(ctx, r.db)
+		gs, err := canal.SnapshotPosition(ctx, r.db)
 		if err != nil {
-			return fmt.Errorf("read the server's binlog position: %w", err)
+			return fmt.Errorf("read the server's binlog position before the sweep: %w", err)
 		}
 		drainer, err := r.newPoller(p.publisher, p.epoch)
 		if err != nil {
@@ -38,17 +57,16 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		if err != nil {
 			return fmt.Errorf("deliver pending rows before tailing: %w", err)
 		}
-		ge, err := canal.CurrentPosition(ctx, r.db)
+		ge, err := canal.SnapshotPosition(ctx, r.db)
 		if err != nil {
-			return fmt.Errorf("read the server's binlog position: %w", err)
+			return fmt.Errorf("read the server's binlog position after the sweep: %w", err)
 		}
 		r.log.Info("delivered pending rows before tailing the binlog", zap.Int("rows", swept),
 			zap.String("from", gs.String()), zap.String("until", ge.String()))
-		from, h.windowUntil = gs, ge
-		if h.window, err = position.Reached(gs, ge); err != nil {
+		from = gs
+		if err := h.openWindow(gs, ge, r.cfg.MaxInflightBytes); err != nil {
 			return err
 		}
-		h.window = !h.window
 		if !h.window {
 			p.mode.Store("binlog")
 		}
@@ -79,24 +97,62 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	return positionError(err)
 }
 
-// positionError makes a purged or diverged checkpoint a setup error (exit 2
-// in --mode binlog, design §4.1): restarting cannot bring the position back.
-// In auto mode it sends the relay to poll mode instead (fallbackReason).
+// positionError makes a purged checkpoint a setup error (exit 2 in --mode
+// binlog, design §4.1): restarting cannot bring the position back. In auto
+// mode it sends the relay to poll mode instead (fallbackReason). A
+// *canal.DivergedError is not one: the server's history changed under a
+// reconnect, and restarting the term from the durable checkpoint is its
+// remedy (Run does so for every error that is not fatal).
 func positionError(err error) error {
 	var purged *canal.PurgedError
-	var diverged *canal.DivergedError
-	if errors.As(err, &purged) || errors.As(err, &diverged) {
+	if errors.As(err, &purged) {
 		return &ConfigError{err}
 	}
 	return err
 }
+
+// windowRows is the most rows the handover window buffers before their
+// pending check (one query per batch).
+const windowRows = 500
 
 // handler receives the binlog stream.
 type handler struct {
 	p           *pipeline
 	window      bool // between the sweep's start and end positions: publish only rows still pending
 	windowUntil position.Position
-	buf         []*outbox.Record
+	// passed holds, for GTID positions, every transaction read since the
+	// sweep's start: the window closes exactly when it covers windowUntil
+	// (per domain and server id on MariaDB, where a position alone
+	// cannot tell).
+	passed *position.GTIDs
+	buf    windowBuf
+}
+
+// openWindow sets up the handover window: the tail starts at gs, and rows up
+// to ge are published only if still pending. Rows wait in a buffer bounded
+// by windowRows and a quarter of maxInflight bytes.
+func (h *handler) openWindow(gs, ge position.Position, maxInflight int64) error {
+	h.windowUntil = ge
+	h.buf.maxBytes = max(int(maxInflight/4), 1)
+	if ge.GTIDSet != "" {
+		passed, err := position.NewGTIDs(ge.Flavor, gs.GTIDSet)
+		if err != nil {
+			return fmt.Errorf("handover window from %s: %w", gs, err)
+		}
+		h.passed = passed
+		covered, err := passed.Covers(ge)
+		if err != nil {
+			return fmt.Errorf("handover window until %s: %w", ge, err)
+		}
+		h.window = !covered
+		return nil
+	}
+	reached, err := position.Reached(gs, ge)
+	if err != nil {
+		return fmt.Errorf("handover window %s..%s: %w", gs, ge, err)
+	}
+	h.window = !reached
+	return nil
 }
 
 func (h *handler) Row(ctx context.Context, rec *outbox.Record) error {
@@ -115,8 +171,7 @@ func (h *handler) Row(ctx context.Context, rec *outbox.Record) error {
 		return nil
 	}
 	if h.window {
-		h.buf = append(h.buf, rec)
-		if len(h.buf) >= 500 {
+		if h.buf.add(rec) {
 			return h.flushWindow(ctx)
 		}
 		return nil
@@ -129,12 +184,21 @@ func (h *handler) Commit(ctx context.Context, pos position.Position, rows int) e
 		if err := h.flushWindow(ctx); err != nil {
 			return err
 		}
-		done, err := position.Reached(pos, h.windowUntil)
+		var done bool
+		var err error
+		if h.passed != nil {
+			if err = h.passed.Passed(pos); err == nil {
+				done, err = h.passed.Covers(h.windowUntil)
+			}
+		} else {
+			done, err = position.Reached(pos, h.windowUntil)
+		}
 		if err != nil {
-			return err
+			return fmt.Errorf("handover window until %s, at %s: %w", h.windowUntil, pos, err)
 		}
 		if done {
 			h.window = false
+			h.passed = nil
 			h.p.mode.Store("binlog")
 		}
 	}
@@ -146,20 +210,19 @@ func (h *handler) Commit(ctx context.Context, pos position.Position, rows int) e
 // flushWindow publishes those buffered rows that are still pending: the sweep
 // delivered (and removed or marked) the others.
 func (h *handler) flushWindow(ctx context.Context) error {
-	if len(h.buf) == 0 {
+	buf := h.buf.take()
+	if len(buf) == 0 {
 		return nil
 	}
 	p := h.p
-	ids := make([]uint64, len(h.buf))
-	for i, rec := range h.buf {
+	ids := make([]uint64, len(buf))
+	for i, rec := range buf {
 		ids[i] = rec.ID
 	}
 	pending, err := p.r.store.Pending(ctx, ids)
 	if err != nil {
 		return err
 	}
-	buf := h.buf
-	h.buf = nil
 	for _, rec := range buf {
 		if pending[rec.ID] {
 			if err := p.dispatch(ctx, rec); err != nil {
@@ -168,4 +231,28 @@ func (h *handler) flushWindow(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// windowBuf holds the window's rows until their pending check, bounded in
+// rows (windowRows) and in bytes (maxBytes, by outbox.Record.Size): a
+// transaction of large rows must not gather unbounded memory here before
+// the in-flight bound (--max-inflight-bytes) applies to what is dispatched.
+type windowBuf struct {
+	recs     []*outbox.Record
+	bytes    int
+	maxBytes int
+}
+
+// add buffers rec and reports whether the buffer is full: flush it now.
+func (b *windowBuf) add(rec *outbox.Record) bool {
+	b.recs = append(b.recs, rec)
+	b.bytes += rec.Size()
+	return len(b.recs) >= windowRows || b.bytes >= b.maxBytes
+}
+
+// take empties the buffer and returns what it held.
+func (b *windowBuf) take() []*outbox.Record {
+	recs := b.recs
+	b.recs, b.bytes = nil, 0
+	return recs
 }

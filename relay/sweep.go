@@ -15,8 +15,8 @@ import (
 // delayed rows are known to exist (one probe at start, then whenever the
 // stream skips one) it delivers those that are due, every poll interval. A
 // relay without delayed rows runs no query here after the probe. It stops
-// between rounds when stop closes; errors are logged and retried (a lost
-// leadership also stops the acker, which ends the term).
+// between rounds when stop closes; errors are logged and retried, except a
+// fenced round, which ends the leader term at once.
 func (p *pipeline) sweepDelayed(ctx context.Context, stop <-chan struct{}) {
 	r := p.r
 	pl, err := r.newPoller(p.publisher, p.epoch)
@@ -56,7 +56,11 @@ func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poll
 		}
 		n, err := s.Round(ctx)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, checkpoint.ErrFenced) {
+			if errors.Is(err, checkpoint.ErrFenced) {
+				p.leader.Lose(err) // a newer leader exists: end the term now
+				return
+			}
+			if ctx.Err() != nil {
 				return
 			}
 			log.Warn("due-time sweep round failed; retrying", zap.Error(err))

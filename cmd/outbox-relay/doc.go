@@ -8,8 +8,22 @@
 //
 // Commands:
 //
-//	migrate   create the outbox, progress, failed and deduplication tables
-//	version   print the version
+//	run            relay outbox rows to RabbitMQ (binlog, or polling)
+//	migrate        create the outbox, progress, failed and deduplication tables
+//	replay         republish the outbox rows a binlog range inserted, with x-replay: true
+//	failed         list, show, retry or purge the messages in outbox_failed
+//	cleanup        delete rows marked delivered (--on-delivered=mark) older than an age
+//	dedup-cleanup  delete inbox records older than an age (not below --dedup-min-age)
+//	partitions     add and drop the daily partitions of a partitioned outbox table
+//	bench          measure the relay on this machine
+//	version        print the version
+//
+// The housekeeping commands (failed, cleanup, dedup-cleanup, partitions)
+// take an age as a Go duration (90m, 36h) or whole days (7d, 30d), print a
+// table for people or one JSON object with --json, and have --dry-run where
+// they change data. run --maintenance-interval does cleanup, dedup-cleanup
+// and partitions on the leader. docs/operations.md, "Failed messages and
+// housekeeping", has the details.
 //
 // Every flag can also come from the environment variable
 // OUTBOX_RELAY_<FLAG> (upper snake case: --mysql-dsn is
@@ -31,7 +45,9 @@
 //
 // Exit codes: 0 success; 1 runtime failure (database unreachable, schema
 // mismatch, ...); 2 bad usage or configuration (unknown flag, bad value,
-// unknown config key), with a one-line message saying what to fix.
+// unknown config key) or a refused request (an id that is not a UUID, a
+// message that cannot be retried, an inbox age below the floor), with a
+// one-line message saying what to fix.
 //
 // Logs are JSON on stderr (--log-format console for people); command output
 // goes to stdout. Passwords in DSNs and AMQP URLs are never printed.

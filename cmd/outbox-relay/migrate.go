@@ -24,11 +24,17 @@ func init() {
 		name:    "migrate",
 		summary: "create or complete the outbox-relay tables (safe to run repeatedly)",
 		help: `Creates what is missing of the outbox table (--table), outbox_relay_progress,
-outbox_failed and message_deduplication, and records the applied versions in
+outbox_failed, message_deduplication and message_inbox_attempts, upgrades tables
+made by earlier versions in place (created_at's default computed in UTC, the
+inbox's consumer column), and records the applied versions in
 outbox_relay_migrations. Prints each version it applied, or "schema is up to
-date". Never drops or alters existing data. An existing table whose columns
-differ from what the relay needs is refused with a message naming the column
-(exit code 1). The DSN's database must exist.`,
+date". Never drops anything and never loses rows. An existing table whose
+columns differ from what the relay needs is refused with a message naming the
+column (exit code 1). The DSN's database must exist.
+
+--partitioned creates the outbox table range-partitioned by UTC day on
+created_at, with a pmax partition at the end; it matters only when the table
+is created (docs/tables.md).`,
 		setup: setupMigrate,
 	})
 }

@@ -56,7 +56,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 100*time.Millisecond, "poll: how long an idle worker waits before polling again")
 	fs.IntVar(&cfg.PollBatch, "poll-batch", 500, "poll: rows one worker claims per transaction")
 	fs.IntVar(&cfg.PollWorkers, "poll-workers", 2, "poll: workers, each with its own AMQP channel and database transaction")
-	fs.Var(&maxInflight, "max-inflight-bytes", "`bytes` of messages read but not yet confirmed (e.g. 64MiB); when full, reading stops")
+	fs.Var(&maxInflight, "max-inflight-bytes", "`bytes` of messages read but not yet acknowledged (e.g. 64MiB); when full, reading stops")
 	fs.IntVar(&cfg.Lanes, "lanes", 2, "publishing lanes (AMQP channels); rows of one partition key share a lane (raise for a far broker: a lane carries at most --confirm-window messages per round trip)")
 	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", 256, "unconfirmed messages per lane")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 5, "broker nacks before a message goes to outbox_failed")
@@ -64,6 +64,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 2*time.Second, "leadership heartbeat")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown waits for in-flight confirms")
 	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")
+	maint := declareMaintenance(fs)
 	return func(ctx context.Context, inv *invocation) error {
 		if err := noArgs(inv, "run"); err != nil {
 			return err
@@ -77,6 +78,11 @@ func setupRun(fs *flag.FlagSet) runFunc {
 		// go-sql-driver logs dropped connections on its own to stderr; keep
 		// its lines in our log, at debug: the relay reports what matters.
 		_ = mysql.SetLogger(driverLog{inv.log.Named("mysql-driver")})
+		closeMaintenance, err := maint.install(&cfg, inv.log)
+		if err != nil {
+			return err
+		}
+		defer closeMaintenance()
 		var (
 			reg *prometheus.Registry
 			ln  net.Listener

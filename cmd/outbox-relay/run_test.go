@@ -326,6 +326,9 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 	// A second queue on the exchange tells which messages were delivered,
 	// to measure each kill's unacknowledged tail.
 	seen := newCountingConsumer(t, b, b.DeclareQueue(t, "#"))
+	// A third queue is consumed through the inbox: the kills' duplicates
+	// must not become duplicate effects.
+	inbox := startInboxEffects(ctx, t, db, b, b.DeclareQueue(t, "#"))
 	relay := newRelayProc(t, relayArgs(db, b)...)
 	relay.start()
 	began := time.Now()
@@ -403,6 +406,8 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 	if v.Duplicates() > tails {
 		t.Errorf("%d duplicates, but the kills left only %d delivered messages unacknowledged", v.Duplicates(), tails)
 	}
+	st := inbox.check(waitCtx, t, total)
+	t.Logf("inbox consumer: %d effects, %d duplicate deliveries skipped, %d retried", st.Processed, st.Duplicates, st.Retried)
 	if code, took := relay.terminate(time.Minute); code != 0 {
 		t.Fatalf("SIGTERM at the end: exit code %d after %v", code, took)
 	}
@@ -490,8 +495,12 @@ func TestRunSIGTERMIsClean(t *testing.T) {
 }
 
 // One committed transaction of 200,000 rows of 1 KiB passes through a relay
-// with --max-inflight-bytes=32MiB in bounded memory: all rows arrive in order
-// per partition, the outbox ends empty, peak RSS stays under 200 MB.
+// with --max-inflight-bytes=32MiB in bounded memory: all rows arrive once, in
+// order per partition, the outbox ends empty, peak RSS stays under 200 MB.
+// Its acknowledgement keeps the leadership (default heartbeat, 2 s): the
+// epoch in the progress row is the same at the end as at the start, and the
+// relay never logged a loss of leadership (which ends the term, and the next
+// term publishes the whole transaction again).
 func TestRunBigTransactionBoundedMemory(t *testing.T) {
 	const rows, chunk, parts = 200_000, 2_000, 4
 	const maxRSS = 200 << 20
@@ -508,6 +517,7 @@ func TestRunBigTransactionBoundedMemory(t *testing.T) {
 	relay := newRelayProc(t, relayArgs(db, b, "--max-inflight-bytes=32MiB")...)
 	relay.start()
 	relay.waitLog(ctx, "tailing the binlog") // the rows come from the binlog, not the first-start sweep
+	epochAtStart := progressEpoch(ctx, t, db)
 
 	began := time.Now()
 	tx, err := db.SQL.BeginTx(ctx, nil)
@@ -543,12 +553,42 @@ func TestRunBigTransactionBoundedMemory(t *testing.T) {
 	if disorder != "" {
 		t.Error(disorder)
 	}
+	if deliveries != rows {
+		t.Errorf("%d deliveries of %d messages, want each once (no fault was injected)", deliveries, rows)
+	}
+	if epoch := progressEpoch(ctx, t, db); epoch != epochAtStart {
+		t.Errorf("epoch in outbox_relay_progress went from %d to %d: the relay lost leadership on the way", epochAtStart, epoch)
+	}
+	if out := relay.output(); strings.Contains(out, "leadership") {
+		t.Errorf("the relay logged a loss of leadership:\n%s", grepLines(out, "leadership"))
+	}
 	if rss > maxRSS {
 		t.Errorf("relay peak RSS %.1f MiB, want under %d MiB with --max-inflight-bytes=32MiB", float64(rss)/(1<<20), maxRSS>>20)
 	}
 	if code, took := relay.terminate(time.Minute); code != 0 {
 		t.Fatalf("SIGTERM: exit code %d after %v", code, took)
 	}
+}
+
+// progressEpoch is the leader epoch in the default relay's progress row.
+func progressEpoch(ctx context.Context, t *testing.T, db *testenv.DB) int64 {
+	t.Helper()
+	var epoch int64
+	if err := db.SQL.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = 'default'").Scan(&epoch); err != nil {
+		t.Fatalf("read the leader epoch: %v", err)
+	}
+	return epoch
+}
+
+// grepLines returns the lines of out that contain s.
+func grepLines(out, s string) string {
+	var b strings.Builder
+	for line := range strings.Lines(out) {
+		if strings.Contains(line, s) {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
 }
 
 // countingConsumer counts distinct message ids and checks that first

@@ -1,8 +1,16 @@
-// Command demo is the producer and consumer half of `make demo`: it declares
-// an exchange and a queue, writes messages into the outbox at a steady rate
-// (each in its own transaction, as an application would), and prints every
-// message the relay delivers with its commit → receive latency. It stops by
-// itself after -count messages, or on Ctrl-C, and prints a summary.
+// Command demo is the producer and consumer half of `make demo`.
+//
+// The producer writes messages into the outbox at a steady rate, each in its
+// own transaction with a business write, as an application would; the relay
+// publishes them. The consumer takes them from a queue through the inbox
+// (package dedup): each message's effect (a row in demo_order_updates)
+// commits together with the inbox record, and the ack follows the commit.
+// To show what the inbox is for, the demo publishes a copy of every
+// -replay-every'th message it received, as a relay that restarts before its
+// checkpoint does; the inbox skips the copies. It prints every message with
+// its commit → receive latency, stops by itself after -count messages or on
+// Ctrl-C, and prints a summary: messages sent, processed, duplicates
+// skipped, effects committed.
 package main
 
 import (
@@ -13,8 +21,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"slices"
-	"sync"
 	"syscall"
 	"time"
 
@@ -26,138 +32,156 @@ import (
 
 func main() {
 	var (
-		dsn      = flag.String("mysql-dsn", "root@tcp(127.0.0.1:3307)/demo", "database holding the outbox")
-		amqpURL  = flag.String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ")
-		exchange = flag.String("exchange", "outbox-demo", "exchange the relay publishes to (its --default-exchange)")
-		count    = flag.Int("count", 100, "messages to send before stopping")
-		rate     = flag.Float64("rate", 20, "messages per second")
-		wait     = flag.Duration("wait", 30*time.Second, "how long to wait for the last messages after sending")
+		dsn         = flag.String("mysql-dsn", "root@tcp(127.0.0.1:3307)/demo", "database holding the outbox and the inbox")
+		amqpURL     = flag.String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ")
+		exchange    = flag.String("exchange", "outbox-demo", "exchange the relay publishes to (its --default-exchange)")
+		count       = flag.Int("count", 100, "messages to send before stopping")
+		rate        = flag.Float64("rate", 20, "messages per second")
+		replayEvery = flag.Int("replay-every", 10, "publish a copy of every Nth message received, for the inbox to skip; 0: none")
+		wait        = flag.Duration("wait", 30*time.Second, "how long to wait for the last messages after sending")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *dsn, *amqpURL, *exchange, *count, *rate, *wait); err != nil {
+	if err := run(ctx, *dsn, *amqpURL, *exchange, *count, *rate, *replayEvery, *wait); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dsn, amqpURL, exchange string, count int, rate float64, wait time.Duration) error {
+func run(ctx context.Context, dsn, amqpURL, exchange string, count int, rate float64, replayEvery int, wait time.Duration) error {
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		return fmt.Errorf("open database: %w", err)
 	}
 	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS demo_order_updates (
+		id         BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
+		message_id BINARY(16)   NOT NULL,
+		order_no   INT          NOT NULL,
+		step       INT          NOT NULL
+	) ENGINE=InnoDB`); err != nil {
+		return fmt.Errorf("create demo_order_updates: %w", err)
+	}
+	effectsBefore, err := countEffects(ctx, db)
+	if err != nil {
+		return err
+	}
 
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		return fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
+	queue, err := declare(conn, exchange)
 	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
+		return err
 	}
-	if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %s: %w", exchange, err)
-	}
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	c, err := startConsumer(ctx, db, conn, queue, replayEvery)
 	if err != nil {
-		return fmt.Errorf("declare queue: %w", err)
+		return err
 	}
-	if err := ch.QueueBind(q.Name, "#", exchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue: %w", err)
-	}
-	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume: %w", err)
-	}
-
-	var (
-		mu        sync.Mutex
-		committed = map[string]time.Time{} // message id → when the commit returned
-		latencies []time.Duration
-	)
-	received := make(chan struct{}, count)
-	go func() {
-		for d := range deliveries {
-			now := time.Now()
-			mu.Lock()
-			sent, ok := committed[d.MessageId]
-			mu.Unlock()
-			// Without a recorded commit (a message from an earlier run),
-			// fall back to created_at: the AMQP timestamp, whole seconds.
-			lat := now.Sub(sent)
-			if !ok {
-				lat = now.Sub(d.Timestamp)
-			}
-			mu.Lock()
-			latencies = append(latencies, lat)
-			mu.Unlock()
-			fmt.Printf("received %-14s key=%-10s id=%s latency=%6.2fms body=%s\n",
-				d.Type, d.Headers["x-partition-key"], d.MessageId, float64(lat.Microseconds())/1000, d.Body)
-			received <- struct{}{}
-		}
-	}()
 
 	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
 	defer tick.Stop()
 	sent := 0
-	for sent < count {
+	for sent < count && ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
-			return summary(latencies, &mu, sent)
+			continue
 		case <-tick.C:
 		}
-		order := sent % 5
-		body, _ := json.Marshal(map[string]any{"order": order, "step": sent})
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return fmt.Errorf("begin: %w", err)
-		}
-		ids, err := outbox.Enqueue(ctx, tx, outbox.Message{
-			PartitionKey: fmt.Sprintf("order-%d", order), RoutingKey: "orders.updated",
-			MessageType: "order.updated", Headers: map[string]any{"step": sent}, Payload: body,
-		})
-		if err != nil {
-			tx.Rollback()
-			return fmt.Errorf("enqueue: %w", err)
-		}
-		// The relay may deliver the message before Commit returns (the server
-		// ships the binlog event first), so latency counts from the moment
-		// the commit starts, recorded before the consumer can look it up.
-		mu.Lock()
-		committed[ids[0].String()] = time.Now()
-		mu.Unlock()
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("commit: %w", err)
+		if err := produce(ctx, db, c, sent); err != nil {
+			c.stop()
+			return err
 		}
 		sent++
 	}
+
+	// Wait until every message sent was processed and every copy skipped.
 	deadline := time.After(wait)
-	for got := 0; got < sent; got++ {
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	var waitErr error
+wait:
+	for !c.finished(sent) {
 		select {
-		case <-received:
-		case <-deadline:
-			return fmt.Errorf("%d of %d messages did not arrive within %s: is the relay running? (see .demo/relay.log)", sent-got, sent, wait)
 		case <-ctx.Done():
-			return summary(latencies, &mu, sent)
+			break wait
+		case <-deadline:
+			s := c.consumer.Stats()
+			waitErr = fmt.Errorf("%d of %d messages were not processed within %s: is the relay running? (see .demo/relay.log)",
+				sent-int(s.Processed), sent, wait)
+			break wait
+		case <-poll.C:
+		case err := <-c.done:
+			c.done <- err
+			break wait
 		}
 	}
-	return summary(latencies, &mu, sent)
+	if err := c.stop(); err != nil {
+		return err
+	}
+	effectsAfter, err := countEffects(context.WithoutCancel(ctx), db)
+	if err != nil {
+		return err
+	}
+	c.summary(sent, effectsAfter-effectsBefore)
+	return waitErr
 }
 
-func summary(latencies []time.Duration, mu *sync.Mutex, sent int) error {
-	mu.Lock()
-	defer mu.Unlock()
-	l := slices.Clone(latencies)
-	slices.Sort(l)
-	if len(l) == 0 {
-		fmt.Printf("sent %d, received 0\n", sent)
-		return nil
+// declare makes the demo's exchange and a private queue bound to all of it.
+func declare(conn *amqp.Connection, exchange string) (string, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return "", fmt.Errorf("open channel: %w", err)
 	}
-	pct := func(p float64) float64 { return float64(l[int(p*float64(len(l)-1))].Microseconds()) / 1000 }
-	fmt.Printf("sent %d, received %d; commit → receive latency p50 %.2fms p99 %.2fms max %.2fms\n",
-		sent, len(l), pct(0.5), pct(0.99), pct(1))
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
+		return "", fmt.Errorf("declare exchange %s: %w", exchange, err)
+	}
+	// Exclusive to this connection: gone when the demo ends.
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		return "", fmt.Errorf("declare queue: %w", err)
+	}
+	if err := ch.QueueBind(q.Name, "#", exchange, false, nil); err != nil {
+		return "", fmt.Errorf("bind queue: %w", err)
+	}
+	return q.Name, nil
+}
+
+// produce writes message number step into the outbox, in a transaction of
+// its own. The latency clock starts before the commit: the relay may deliver
+// the message before Commit returns (the server ships the binlog event
+// first).
+func produce(ctx context.Context, db *sql.DB, c *consumer, step int) error {
+	order := step % 5
+	body, _ := json.Marshal(map[string]any{"order": order, "step": step})
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback() // no-op after Commit
+	ids, err := outbox.Enqueue(ctx, tx, outbox.Message{
+		PartitionKey: fmt.Sprintf("order-%d", order), RoutingKey: "orders.updated",
+		MessageType: "order.updated", Headers: map[string]any{"step": step}, Payload: body,
+	})
+	if err != nil {
+		return fmt.Errorf("enqueue: %w", err)
+	}
+	c.committing(ids[0].String())
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
 	return nil
+}
+
+// countEffects counts the consumer's business writes.
+func countEffects(ctx context.Context, db *sql.DB) (int64, error) {
+	var n int64
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM demo_order_updates").Scan(&n); err != nil {
+		return 0, fmt.Errorf("count demo_order_updates: %w", err)
+	}
+	return n, nil
 }

@@ -131,7 +131,15 @@ func (c *consumer) waitDepth(ctx context.Context, n int, timeout time.Duration, 
 	}
 }
 
+// close deletes the bench's queue and exchange, so a bench leaves nothing
+// behind in the broker (deleting the queue also ends a consume), and closes
+// the connection.
 func (c *consumer) close() {
+	if ch, err := c.conn.Channel(); err == nil {
+		_, _ = ch.QueueDelete(queueName, false, false, false)
+		_ = ch.ExchangeDelete(exchangeName, false, false)
+		_ = ch.Close()
+	}
 	c.conn.Close()
 	if c.done != nil {
 		<-c.done

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -26,12 +27,14 @@ type FaultProxy struct {
 	ln      net.Listener // nil while disabled
 	conns   map[*proxyConn]struct{}
 	latency time.Duration
+	stalled bool   // Stall: accept, forward nothing
 	cuts    uint64 // number of Cut calls: a connection accepted before one is not let through
 	closed  bool
 	wg      sync.WaitGroup // accept loops and copy goroutines
 }
 
-// proxyConn is one proxied connection: the client side and the upstream side.
+// proxyConn is one proxied connection: the client side and the upstream side
+// (nil for a connection accepted while stalled).
 type proxyConn struct {
 	client, upstream net.Conn
 	done             chan struct{} // closed when the pair is being closed
@@ -44,6 +47,9 @@ func (c *proxyConn) close() {
 	c.once.Do(func() {
 		close(c.done)
 		for _, conn := range []net.Conn{c.client, c.upstream} {
+			if conn == nil {
+				continue
+			}
 			if tc, ok := conn.(*net.TCPConn); ok {
 				_ = tc.SetLinger(0)
 			}
@@ -137,6 +143,31 @@ func (p *FaultProxy) SetLatency(d time.Duration) {
 	p.mu.Unlock()
 }
 
+// Stall makes the proxy a black hole, like a network that silently drops
+// every packet: connections are still accepted (new ones reach no upstream),
+// but nothing passes in either direction, on open connections or new ones,
+// until Unstall. Peers notice only through their own timeouts.
+func (p *FaultProxy) Stall() {
+	p.mu.Lock()
+	p.stalled = true
+	p.mu.Unlock()
+}
+
+// Unstall ends a Stall. The connections open during it lost data, so they
+// are closed (like Cut); new ones pass through again.
+func (p *FaultProxy) Unstall() {
+	p.mu.Lock()
+	p.stalled = false
+	p.mu.Unlock()
+	p.Cut()
+}
+
+func (p *FaultProxy) isStalled() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stalled
+}
+
 func (p *FaultProxy) currentLatency() time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -164,6 +195,21 @@ func (p *FaultProxy) accept(ln net.Listener) {
 		}
 		p.mu.Lock()
 		cutsAtAccept := p.cuts
+		if p.stalled {
+			if p.ln != ln { // disabled meanwhile
+				p.mu.Unlock()
+				_ = client.Close()
+				return
+			}
+			// Held open, connected to nothing: what the client sends is read
+			// and dropped until a Cut or Unstall closes it.
+			c := &proxyConn{client: client, done: make(chan struct{})}
+			p.conns[c] = struct{}{}
+			p.wg.Add(1)
+			p.mu.Unlock()
+			go p.pipe(c, client, io.Discard)
+			continue
+		}
 		p.mu.Unlock()
 		upstream, err := net.DialTimeout("tcp", p.upstream, proxyDialTimeout)
 		if err != nil {
@@ -191,9 +237,9 @@ func (p *FaultProxy) accept(ln net.Listener) {
 	}
 }
 
-// pipe copies from src to dst, applying the latency, and closes the pair when
-// either side ends.
-func (p *FaultProxy) pipe(c *proxyConn, src, dst net.Conn) {
+// pipe copies from src to dst, applying the latency and dropping what
+// arrives while stalled, and closes the pair when either side ends.
+func (p *FaultProxy) pipe(c *proxyConn, src net.Conn, dst io.Writer) {
 	defer p.wg.Done()
 	defer func() {
 		p.mu.Lock()
@@ -204,6 +250,9 @@ func (p *FaultProxy) pipe(c *proxyConn, src, dst net.Conn) {
 	buf := make([]byte, 32*1024)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && p.isStalled() {
+			n = 0
+		}
 		if n > 0 {
 			if d := p.currentLatency(); d > 0 {
 				timer := time.NewTimer(d)

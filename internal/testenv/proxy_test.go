@@ -83,3 +83,52 @@ func TestProxyCutDisableEnable(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// Stall: an open connection and a new one get no answer (the client's own
+// read deadline ends the wait: that bounded wait is the assertion); Unstall
+// closes the stalled connections and new ones pass again.
+func TestProxyStall(t *testing.T) {
+	t.Parallel()
+	db := testenv.MySQL(t)
+	p := testenv.Proxy(t, net.JoinHostPort(db.Host, itoa(db.Port)))
+	cfg, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Addr = p.Addr()
+	cfg.Timeout, cfg.ReadTimeout = time.Second, 500*time.Millisecond
+	pool, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	conn, err := pool.Conn(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+
+	p.Stall()
+	var one int
+	if err := conn.QueryRowContext(ctx(t), "SELECT 1").Scan(&one); err == nil {
+		t.Fatal("query on an open connection answered while stalled")
+	}
+	c, err := net.DialTimeout("tcp", p.Addr(), time.Second)
+	if err != nil {
+		t.Fatalf("Stall: the proxy must still accept connections: %v", err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	if n, err := c.Read(make([]byte, 64)); n > 0 || err == nil {
+		t.Fatalf("a new connection got %d bytes while stalled (%v); want none until the deadline", n, err)
+	}
+
+	p.Unstall()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 64)); err == nil {
+		t.Fatal("a connection opened during the stall is still open after Unstall")
+	}
+	if got := scalar(t, pool, "SELECT 1"); got != "1" {
+		t.Fatalf("after Unstall: %q", got)
+	}
+}

@@ -3,8 +3,12 @@ package validator
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"math/big"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +28,9 @@ type Expected struct {
 	ContentType  string
 	Payload      []byte
 	Headers      map[string]any // the row's headers as the producer gave them
+	// CreatedAt is the row's created_at when the test knows it; zero
+	// checks only that x-created-at and the timestamp agree.
+	CreatedAt time.Time
 }
 
 // Validator collects expectations and deliveries; safe for concurrent use.
@@ -74,6 +81,14 @@ func (v *Validator) Observe(d amqp.Delivery) {
 		pk, _ := d.Headers["x-partition-key"].(string)
 		v.firstByPart[pk] = append(v.firstByPart[pk], d.MessageId)
 	}
+}
+
+// Deliveries returns a copy of every delivery observed so far, in arrival
+// order.
+func (v *Validator) Deliveries() []amqp.Delivery {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.deliveries)
 }
 
 // Missing is how many expected messages have not arrived yet.
@@ -212,6 +227,7 @@ func compare(exp *Expected, d amqp.Delivery) string {
 	if d.Timestamp.IsZero() {
 		bad = append(bad, "no timestamp")
 	}
+	bad = append(bad, checkCreatedAt(exp, d)...)
 	if pk, _ := d.Headers["x-partition-key"].(string); pk != exp.PartitionKey {
 		bad = append(bad, fmt.Sprintf("x-partition-key %q, want %q", pk, exp.PartitionKey))
 	}
@@ -226,7 +242,7 @@ func compare(exp *Expected, d amqp.Delivery) string {
 	}
 	for k := range d.Headers {
 		switch k {
-		case "x-outbox-id", "x-partition-key", "x-relay-epoch":
+		case "x-outbox-id", "x-partition-key", "x-relay-epoch", "x-created-at":
 			continue
 		}
 		if _, ok := exp.Headers[k]; !ok {
@@ -246,40 +262,117 @@ func compare(exp *Expected, d amqp.Delivery) string {
 	return strings.Join(bad, "; ")
 }
 
-// sameValue compares a header as AMQP carried it with the producer's value:
-// numbers compare by value whatever their Go type.
+// createdAtLayout is x-created-at's form (docs/wire.md), written out here
+// rather than taken from package publish: the validator checks the contract,
+// not the code.
+const createdAtLayout = "2006-01-02T15:04:05.000000Z"
+
+// checkCreatedAt: x-created-at is a string in createdAtLayout, the timestamp
+// property is that instant cut to the second, and both are the row's
+// created_at when the test knows it.
+func checkCreatedAt(exp *Expected, d amqp.Delivery) []string {
+	s, ok := d.Headers["x-created-at"].(string)
+	if !ok {
+		return []string{fmt.Sprintf("x-created-at is %T, want a string", d.Headers["x-created-at"])}
+	}
+	at, err := time.Parse(createdAtLayout, s)
+	if err != nil || at.Format(createdAtLayout) != s {
+		return []string{fmt.Sprintf("x-created-at %q is not of the form %s", s, createdAtLayout)}
+	}
+	var bad []string
+	if !d.Timestamp.Equal(at.Truncate(time.Second)) {
+		bad = append(bad, fmt.Sprintf("timestamp %s is not x-created-at %s cut to the second", d.Timestamp.UTC().Format(time.RFC3339), s))
+	}
+	if !exp.CreatedAt.IsZero() && !at.Equal(exp.CreatedAt) {
+		bad = append(bad, fmt.Sprintf("x-created-at %s, want the row's created_at %s", s, exp.CreatedAt.UTC().Format(createdAtLayout)))
+	}
+	return bad
+}
+
+// sameValue compares a header as AMQP carried it with the value the
+// producer gave, per docs/wire.md: a number is an int64 when it is an
+// integer in int64's range, else a double with its value, else a string of
+// its decimal text with its value; nil is void; maps and slices are tables
+// and arrays compared member by member.
 func sameValue(got, want any) bool {
-	if g, ok := toFloat(got); ok {
-		w, ok := toFloat(want)
-		return ok && g == w
+	if w, ok := toRat(want); ok {
+		fitsInt64 := w.IsInt() && w.Num().IsInt64()
+		switch g := got.(type) {
+		case int64:
+			return fitsInt64 && w.Cmp(new(big.Rat).SetInt64(g)) == 0
+		case float64:
+			short, _ := new(big.Rat).SetString(strconv.FormatFloat(g, 'g', -1, 64))
+			return !fitsInt64 && short != nil && short.Cmp(w) == 0
+		case string:
+			r, ok := new(big.Rat).SetString(g)
+			return !fitsInt64 && ok && r.Cmp(w) == 0
+		}
+		return false
+	}
+	switch w := want.(type) {
+	case nil:
+		return got == nil
+	case map[string]any:
+		g, ok := got.(amqp.Table)
+		if !ok || len(g) != len(w) {
+			return false
+		}
+		for k, wv := range w {
+			if gv, ok := g[k]; !ok || !sameValue(gv, wv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return false
+		}
+		for i := range w {
+			if !sameValue(g[i], w[i]) {
+				return false
+			}
+		}
+		return true
 	}
 	return got == want
 }
 
-func toFloat(v any) (float64, bool) {
+// toRat returns a producer's number exactly; ok is false for non-numbers.
+// A float64 is taken as the decimal json.Marshal writes for it (its
+// shortest form), which is what the row holds.
+func toRat(v any) (*big.Rat, bool) {
+	var s string
 	switch n := v.(type) {
 	case int:
-		return float64(n), true
+		s = strconv.FormatInt(int64(n), 10)
 	case int8:
-		return float64(n), true
+		s = strconv.FormatInt(int64(n), 10)
 	case int16:
-		return float64(n), true
+		s = strconv.FormatInt(int64(n), 10)
 	case int32:
-		return float64(n), true
+		s = strconv.FormatInt(int64(n), 10)
 	case int64:
-		return float64(n), true
+		s = strconv.FormatInt(n, 10)
+	case uint:
+		s = strconv.FormatUint(uint64(n), 10)
 	case uint8:
-		return float64(n), true
+		s = strconv.FormatUint(uint64(n), 10)
 	case uint16:
-		return float64(n), true
+		s = strconv.FormatUint(uint64(n), 10)
 	case uint32:
-		return float64(n), true
+		s = strconv.FormatUint(uint64(n), 10)
 	case uint64:
-		return float64(n), true
+		s = strconv.FormatUint(n, 10)
 	case float32:
-		return float64(n), true
+		s = strconv.FormatFloat(float64(n), 'g', -1, 32)
 	case float64:
-		return n, true
+		s = strconv.FormatFloat(n, 'g', -1, 64)
+	case json.Number:
+		s = string(n)
+	default:
+		return nil, false
 	}
-	return 0, false
+	r, ok := new(big.Rat).SetString(s)
+	return r, ok
 }

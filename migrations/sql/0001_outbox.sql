@@ -6,6 +6,13 @@
 -- trailing-space-insensitive collation would merge groups in the poller's
 -- GROUP BY that the binlog path keeps apart.
 --
+-- created_at defaults to UTC_TIMESTAMP(6), not CURRENT_TIMESTAMP(6): DATETIME
+-- has no zone and the relay reads it as UTC, so the default must not follow
+-- the producer's session time_zone (a PHP app's '+05:00' would otherwise
+-- store local time, five hours off). An expression default: MariaDB 10.2+,
+-- MySQL 8.0.13+. Tables made before this default get it from
+-- 0003_created_at_utc.sql.
+--
 -- Indexes:
 --   uq_message_id         message_id is the identity; unique, so a producer
 --                         bug that reuses an id fails loudly at insert, and
@@ -39,7 +46,7 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     headers       JSON            NULL,
     payload       LONGBLOB        NOT NULL,
     content_type  VARCHAR(100)    NOT NULL DEFAULT 'application/json',
-    created_at    DATETIME(6)     NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    created_at    DATETIME(6)     NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     available_at  DATETIME(6)     NULL,
     delivered_at  DATETIME(6)     NULL,
     attempts      INT UNSIGNED    NOT NULL DEFAULT 0,

@@ -12,7 +12,8 @@
 -- pmax catches rows beyond the last daily partition, so an insert never
 -- fails because partition maintenance fell behind; new days are split out of
 -- it with REORGANIZE PARTITION.
--- Indexes otherwise as in 0001_outbox.sql (see the reasons there).
+-- Indexes and the created_at default otherwise as in 0001_outbox.sql (see the
+-- reasons there).
 CREATE TABLE IF NOT EXISTS {{.Table}} (
     id            BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
     message_id    BINARY(16)      NOT NULL,
@@ -23,7 +24,7 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     headers       JSON            NULL,
     payload       LONGBLOB        NOT NULL,
     content_type  VARCHAR(100)    NOT NULL DEFAULT 'application/json',
-    created_at    DATETIME(6)     NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    created_at    DATETIME(6)     NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     available_at  DATETIME(6)     NULL,
     delivered_at  DATETIME(6)     NULL,
     attempts      INT UNSIGNED    NOT NULL DEFAULT 0,

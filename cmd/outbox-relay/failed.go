@@ -1,0 +1,430 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/outbox-relay/outbox-relay/maintenance"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+func init() {
+	register(&command{
+		name:    "failed",
+		summary: "list, show, retry or purge the messages in outbox_failed",
+		usage:   "list|show ID|retry ID... | retry --all|purge --older-than AGE [flags]",
+		help: `Messages the relay could not publish (unroutable, exchange missing, nacked
+--max-attempts times, headers not a JSON object) and messages an inbox consumer
+gave up on wait in outbox_failed. Flags may come before or after the
+subcommand and the ids. ID is the message id, UUID text.
+
+  list                 the newest failures first (--limit, --source relay|inbox)
+  show ID              every failure of one message, with headers and payload
+  retry ID...          put the messages back into the outbox (--table) in one
+                       transaction, with the same message id, partition key,
+                       exchange, routing key, type, headers, payload and content
+                       type, and delete their failed rows. They get new outbox
+                       ids, so each goes after the rows of its partition key
+                       already waiting; created_at is the time of the retry. A
+                       message still pending in the outbox, or not in
+                       outbox_failed, is refused (exit 2) and nothing changes.
+                       A copy left marked delivered (--on-delivered=mark) is
+                       replaced. Consumers that processed the message before
+                       still skip it by its id.
+  retry --all          every failed message, oldest first, 100 per transaction;
+                       those that cannot be retried are named and stay (exit 2)
+  purge --older-than AGE
+                       delete failures older than AGE, for good
+
+AGE is a Go duration (90m, 36h) or whole days (7d, 30d). --dry-run prints what
+retry or purge would change and changes nothing. Exit codes: 0 done, 1 runtime
+failure, 2 bad usage or a refused request.`,
+		setup: setupFailed,
+	})
+}
+
+func setupFailed(fs *flag.FlagSet) runFunc {
+	o := declareOps(fs, "failed")
+	limit := fs.Int("limit", 50, "list: at most this many messages, newest first")
+	source := fs.String("source", "", "list: only messages given up by the relay or an inbox (relay|inbox)")
+	all := fs.Bool("all", false, "retry: every message in outbox_failed")
+	dryRun := fs.Bool("dry-run", false, "retry, purge: print what would change and change nothing")
+	var older ageValue
+	fs.Var(&older, "older-than", "purge: delete failures older than this `age`, "+ageHelp)
+	batch := declareBatch(fs)
+	return func(ctx context.Context, inv *invocation) error {
+		args, given, err := parseInterleaved(fs, inv.args)
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(inv.stdout, commands["failed"], fs)
+			return nil
+		}
+		if err != nil {
+			return usagef("failed: %v; run 'outbox-relay failed --help'", err)
+		}
+		if len(args) == 0 {
+			return usagef("failed: give a subcommand: list, show ID, retry ID... or purge --older-than AGE")
+		}
+		sub, ids := args[0], args[1:]
+		only := func(flags ...string) error {
+			for _, f := range []string{"limit", "source", "all", "dry-run", "older-than", "batch-size", "batch-pause"} {
+				if given[f] && !contains(flags, f) {
+					return usagef("failed %s does not take --%s", sub, f)
+				}
+			}
+			return nil
+		}
+		run := func(need int, flags []string, f func(db *sql.DB) error) error {
+			if err := only(flags...); err != nil {
+				return err
+			}
+			if need >= 0 && len(ids) != need {
+				if need == 0 {
+					return usagef("failed %s takes no arguments, got %q", sub, ids[0])
+				}
+				return usagef("failed %s takes %d message id, got %d", sub, need, len(ids))
+			}
+			db, err := o.open(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			return refusal(f(db))
+		}
+		switch sub {
+		case "list":
+			if *limit < 1 {
+				return usagef("failed list: --limit %d: want at least 1", *limit)
+			}
+			return run(0, []string{"limit", "source"}, func(db *sql.DB) error {
+				list, total, err := maintenance.ListFailed(ctx, db, maintenance.ListOptions{Limit: *limit, Source: *source})
+				if err != nil {
+					return err
+				}
+				return printFailedList(inv.stdout, o.json, list, total)
+			})
+		case "show":
+			if len(ids) == 1 {
+				if _, err := parseMessageIDs(ids); err != nil {
+					return err
+				}
+			}
+			return run(1, nil, func(db *sql.DB) error {
+				id, _ := outbox.ParseMessageID(ids[0])
+				list, err := maintenance.ShowFailed(ctx, db, id)
+				if err != nil {
+					return err
+				}
+				return printFailedShow(inv.stdout, o.json, id, list)
+			})
+		case "retry":
+			if *all == (len(ids) > 0) {
+				return usagef("failed retry: give message ids or --all (not both)")
+			}
+			msgs, err := parseMessageIDs(ids)
+			if err != nil {
+				return err
+			}
+			return run(-1, []string{"all", "dry-run"}, func(db *sql.DB) error {
+				res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{Table: o.table, IDs: msgs, All: *all, DryRun: *dryRun})
+				if perr := printRetry(inv.stdout, o.json, o.table, *dryRun, res); perr != nil && err == nil {
+					err = perr
+				}
+				return err
+			})
+		case "purge":
+			if !older.set {
+				return usagef("failed purge: --older-than is required, e.g. --older-than 30d")
+			}
+			b, err := batch.batch(inv.log, "failed purge")
+			if err != nil {
+				return err
+			}
+			return run(0, []string{"older-than", "dry-run", "batch-size", "batch-pause"}, func(db *sql.DB) error {
+				res, err := maintenance.PurgeFailed(ctx, db, maintenance.PurgeOptions{OlderThan: older.d, Batch: b, DryRun: *dryRun})
+				if err != nil {
+					return err
+				}
+				if o.json {
+					return printJSON(inv.stdout, deleteJSON(maintenance.FailedTable, *dryRun, res))
+				}
+				verb := "purged"
+				if *dryRun {
+					verb = "would purge"
+				}
+				_, err = fmt.Fprintf(inv.stdout, "%s %d failed %s that failed before %s\n", verb, res.Rows, plural(res.Rows, "message"), utcText(res.Cutoff))
+				return err
+			})
+		}
+		return usagef("failed: unknown subcommand %q: want list, show, retry or purge", sub)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// parseMessageIDs reads message ids as UUID text; a bad one is bad usage.
+func parseMessageIDs(args []string) ([]outbox.MessageID, error) {
+	ids := make([]outbox.MessageID, 0, len(args))
+	for _, a := range args {
+		id, err := outbox.ParseMessageID(a)
+		if err != nil {
+			return nil, usagef("%q is not a message id: want UUID text such as 0190a5e2-7c3b-7d4e-8f00-112233445566", a)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// failedJSON is one failed row for --json.
+type failedJSON struct {
+	MessageID     string          `json:"message_id"`
+	OutboxID      uint64          `json:"outbox_id"`
+	PartitionKey  string          `json:"partition_key"`
+	Exchange      string          `json:"exchange"`
+	RoutingKey    string          `json:"routing_key"`
+	MessageType   string          `json:"message_type"`
+	ContentType   string          `json:"content_type"`
+	Headers       json.RawMessage `json:"headers"`
+	PayloadBytes  int64           `json:"payload_bytes"`
+	Payload       *string         `json:"payload,omitempty"`        // show: the payload when it is UTF-8 text
+	PayloadBase64 *string         `json:"payload_base64,omitempty"` // show: always
+	CreatedAt     time.Time       `json:"created_at"`
+	Attempts      uint32          `json:"attempts"`
+	Source        string          `json:"source"`
+	Error         string          `json:"error"`
+	FailedAt      time.Time       `json:"failed_at"`
+}
+
+func toJSON(f maintenance.Failed, withPayload bool) failedJSON {
+	j := failedJSON{
+		MessageID: f.MessageID.String(), OutboxID: f.OutboxID, PartitionKey: f.PartitionKey, Exchange: f.Exchange,
+		RoutingKey: f.RoutingKey, MessageType: f.MessageType, ContentType: f.ContentType, PayloadBytes: f.PayloadBytes,
+		CreatedAt: f.CreatedAt, Attempts: f.Attempts, Source: f.Source, Error: f.Error, FailedAt: f.FailedAt,
+		Headers: json.RawMessage("null"),
+	}
+	if f.Headers != nil && json.Valid(f.Headers) {
+		j.Headers = f.Headers
+	} else if f.Headers != nil {
+		b, _ := json.Marshal(string(f.Headers)) // not JSON: as a string
+		j.Headers = b
+	}
+	if withPayload {
+		b64 := base64.StdEncoding.EncodeToString(f.Payload)
+		j.PayloadBase64 = &b64
+		if utf8.Valid(f.Payload) {
+			text := string(f.Payload)
+			j.Payload = &text
+		}
+	}
+	return j
+}
+
+func printFailedList(w io.Writer, asJSON bool, list []maintenance.Failed, total int64) error {
+	if asJSON {
+		out := struct {
+			Total    int64        `json:"total"`
+			Messages []failedJSON `json:"messages"`
+		}{Total: total, Messages: make([]failedJSON, 0, len(list))}
+		for _, f := range list {
+			out.Messages = append(out.Messages, toJSON(f, false))
+		}
+		return printJSON(w, out)
+	}
+	if total == 0 {
+		_, err := fmt.Fprintln(w, "no failed messages")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MESSAGE ID\tFAILED AT (UTC)\tSOURCE\tPARTITION KEY\tEXCHANGE\tROUTING KEY\tTYPE\tERROR")
+	for _, f := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.MessageID, f.FailedAt.Format("2006-01-02 15:04:05"), f.Source,
+			cell(f.PartitionKey, 24), cell(f.Exchange, 24), cell(f.RoutingKey, 24), cell(f.MessageType, 24), cell(f.Error, 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	var err error
+	if int64(len(list)) < total {
+		_, err = fmt.Fprintf(w, "%d of %d failed messages shown; --limit shows more\n", len(list), total)
+	} else {
+		_, err = fmt.Fprintf(w, "%d failed %s\n", total, plural(total, "message"))
+	}
+	return err
+}
+
+// cell fits s into a table cell: one line, at most max characters.
+func cell(s string, max int) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if s == "" {
+		return "-"
+	}
+	if utf8.RuneCountInString(s) > max {
+		r := []rune(s)
+		return string(r[:max-1]) + "…"
+	}
+	return s
+}
+
+// showPayloadMax bounds the payload printed for people.
+const showPayloadMax = 64 << 10
+
+func printFailedShow(w io.Writer, asJSON bool, id outbox.MessageID, list []maintenance.Failed) error {
+	if asJSON {
+		out := struct {
+			MessageID string       `json:"message_id"`
+			Failures  []failedJSON `json:"failures"`
+		}{MessageID: id.String()}
+		for _, f := range list {
+			out.Failures = append(out.Failures, toJSON(f, true))
+		}
+		return printJSON(w, out)
+	}
+	fmt.Fprintf(w, "message %s: %d failure(s) in outbox_failed\n", id, len(list))
+	for i, f := range list {
+		fmt.Fprintf(w, "\nfailure %d of %d\n", i+1, len(list))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		headers := "(none)"
+		if f.Headers != nil {
+			headers = string(f.Headers)
+		}
+		for _, kv := range [][2]string{
+			{"failed at", utcText(f.FailedAt)}, {"source", f.Source}, {"error", f.Error},
+			{"outbox id", fmt.Sprint(f.OutboxID)}, {"partition key", orEmpty(f.PartitionKey, "'' (no ordering constraint)")},
+			{"exchange", orEmpty(f.Exchange, "'' (the relay's --default-exchange)")},
+			{"routing key", f.RoutingKey}, {"type", orEmpty(f.MessageType, "''")}, {"content type", f.ContentType},
+			{"created at", utcText(f.CreatedAt)}, {"attempts", fmt.Sprint(f.Attempts)}, {"headers", headers},
+		} {
+			fmt.Fprintf(tw, "  %s\t%s\n", kv[0], kv[1])
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "  payload (%d bytes):\n", len(f.Payload))
+		p, cut := f.Payload, false
+		if len(p) > showPayloadMax {
+			p, cut = p[:showPayloadMax], true
+		}
+		if printable(p) {
+			fmt.Fprintf(w, "%s\n", p)
+		} else {
+			fmt.Fprint(w, hex.Dump(p))
+		}
+		if cut {
+			fmt.Fprintf(w, "  (the first %d bytes; --json has it all)\n", showPayloadMax)
+		}
+	}
+	return nil
+}
+
+// plural is word, with an s unless n is 1.
+func plural(n int64, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
+}
+
+func orEmpty(s, empty string) string {
+	if s == "" {
+		return empty
+	}
+	return s
+}
+
+// printable reports whether b is UTF-8 text without control characters
+// other than tab and newline.
+func printable(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if unicode.IsControl(r) && r != '\n' && r != '\t' && r != '\r' {
+			return false
+		}
+	}
+	return true
+}
+
+func printRetry(w io.Writer, asJSON bool, table string, dryRun bool, res maintenance.RetryResult) error {
+	if asJSON {
+		type retried struct {
+			MessageID         string `json:"message_id"`
+			OutboxID          uint64 `json:"outbox_id,omitempty"`
+			FailedRows        int    `json:"failed_rows"`
+			ReplacedDelivered bool   `json:"replaced_delivered"`
+		}
+		type skipped struct {
+			MessageID string `json:"message_id"`
+			Reason    string `json:"reason"`
+		}
+		out := struct {
+			Table   string    `json:"table"`
+			DryRun  bool      `json:"dry_run"`
+			Retried []retried `json:"retried"`
+			Skipped []skipped `json:"skipped"`
+		}{Table: table, DryRun: dryRun, Retried: []retried{}, Skipped: []skipped{}}
+		for _, r := range res.Retried {
+			out.Retried = append(out.Retried, retried{r.MessageID.String(), r.NewID, r.FailedRows, r.ReplacedDelivered})
+		}
+		for _, s := range res.Skipped {
+			out.Skipped = append(out.Skipped, skipped{s.MessageID.String(), s.Reason})
+		}
+		return printJSON(w, out)
+	}
+	for _, r := range res.Retried {
+		extra := ""
+		if r.ReplacedDelivered {
+			extra = ", replacing its copy marked delivered"
+		}
+		if dryRun {
+			fmt.Fprintf(w, "would retry %s (%d failed row(s))%s\n", r.MessageID, r.FailedRows, extra)
+		} else {
+			fmt.Fprintf(w, "retried %s as %s id %d (%d failed row(s) deleted)%s\n", r.MessageID, table, r.NewID, r.FailedRows, extra)
+		}
+	}
+	for _, s := range res.Skipped {
+		fmt.Fprintf(w, "cannot retry %s: %s\n", s.MessageID, s.Reason)
+	}
+	var err error
+	switch {
+	case len(res.Retried)+len(res.Skipped) == 0:
+		_, err = fmt.Fprintln(w, "no failed messages")
+	case dryRun:
+		_, err = fmt.Fprintf(w, "dry run: nothing was changed\n")
+	}
+	return err
+}
+
+// deleteJSON is a batched delete's result for --json.
+func deleteJSON(table string, dryRun bool, res maintenance.DeleteResult) any {
+	return struct {
+		Table   string    `json:"table"`
+		DryRun  bool      `json:"dry_run"`
+		Cutoff  time.Time `json:"cutoff"`
+		Rows    int64     `json:"rows"`
+		Batches int       `json:"batches"`
+	}{table, dryRun, res.Cutoff, res.Rows, res.Batches}
+}

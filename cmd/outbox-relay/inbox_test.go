@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/dedup"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// inboxEffects is a dedup.Consumer on its own queue whose handler records
+// one effect row per message it runs for: the consuming side of a fault
+// test, where the relay's duplicates must not become duplicate effects.
+type inboxEffects struct {
+	c  *dedup.Consumer
+	db *sql.DB
+}
+
+func startInboxEffects(ctx context.Context, t *testing.T, db *testenv.DB, b *testenv.Broker, queue string) *inboxEffects {
+	t.Helper()
+	if _, err := db.SQL.ExecContext(ctx, `CREATE TABLE inbox_effects (
+		id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, message_id CHAR(36) NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		t.Fatal(err)
+	}
+	effect := func(ctx context.Context, tx *sql.Tx, d amqp.Delivery) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO inbox_effects (message_id) VALUES (?)", d.MessageId)
+		return err
+	}
+	c := &dedup.Consumer{
+		Inbox: dedup.New(db.SQL, "fault-test"), Queue: queue,
+		Prefetch: 128, Workers: 4, Unknown: effect, RetryDelay: 50 * time.Millisecond,
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx, ch) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("inbox consumer: %v", err)
+		}
+		conn.Close()
+	})
+	return &inboxEffects{c: c, db: db.SQL}
+}
+
+// check waits until the consumer has handled every message of total (its
+// processed count reaches it) and asserts one effect per message.
+func (e *inboxEffects) check(ctx context.Context, t *testing.T, total int) dedup.Stats {
+	t.Helper()
+	for e.c.Stats().Processed < int64(total) {
+		if ctx.Err() != nil {
+			t.Fatalf("inbox consumer processed %d of %d messages: %+v", e.c.Stats().Processed, total, e.c.Stats())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var effects, distinct int
+	if err := e.db.QueryRowContext(ctx, "SELECT COUNT(*), COUNT(DISTINCT message_id) FROM inbox_effects").Scan(&effects, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	st := e.c.Stats()
+	if effects != total || distinct != total || st.Failed != 0 {
+		t.Fatalf("inbox: %d effects of %d distinct messages, want %d of each; stats %+v", effects, distinct, total, st)
+	}
+	return st
+}

@@ -1,0 +1,38 @@
+// Package dedup is the consuming side of outbox-relay: the inbox, which
+// turns the relay's at-least-once delivery into exactly-once effects.
+//
+// The relay may deliver a message more than once (after a crash, a database
+// kill, a broker cut). [Inbox.Process] runs a handler's database work and
+// the record "consumer C processed message M" (table message_deduplication,
+// primary key (consumer, message_id)) in one transaction: both commit or
+// neither does, and a later delivery of M to C finds the record and skips the
+// handler. [Consumer] wraps an amqp091 channel around an Inbox: manual acks
+// after the commit, prefetch, a handler per message type, a bounded number
+// of attempts counted in the database, after which the message goes to
+// outbox_failed with source 'inbox', and a clean stop.
+//
+// # Isolation level
+//
+// Any isolation level InnoDB offers keeps the once-only guarantee; READ
+// COMMITTED and REPEATABLE READ (the default) are tested. The guarantee does
+// not rest on what a transaction reads but on the primary key: Process
+// inserts the record before it runs the handler, and InnoDB's duplicate-key
+// check locks the key at every level. A second delivery processed at the
+// same moment waits on the first's lock; when the first commits, the second
+// gets a duplicate-key error (Process returns done == false without running
+// its handler); when the first rolls back, the second proceeds. Process
+// never checks with a plain SELECT first, which under REPEATABLE READ would
+// read a snapshot that does not see a concurrent commit. The level does
+// decide what the handler's own reads see: choose it for the handler with
+// [Inbox.WithIsolation]. Note that the waiting holds a connection: a
+// handler that runs long keeps the duplicates of its message waiting, up to
+// innodb_lock_wait_timeout.
+//
+// The record holds the message id (the AMQP message-id, a UUID; any other
+// id is refused), its type and processed_at in UTC. `outbox-relay migrate`
+// creates the tables. docs/inbox.md has the whole story: guarantees,
+// redelivery policy, unknown message types, failed messages.
+//
+// This package imports nothing from the relay; applications can depend on it
+// alone.
+package dedup

@@ -1,0 +1,168 @@
+package maintenance
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// Failed is one row of outbox_failed: a message the relay or an inbox
+// consumer gave up on.
+type Failed struct {
+	RowID        uint64 // outbox_failed.id
+	OutboxID     uint64 // the outbox row's id when it failed
+	MessageID    outbox.MessageID
+	PartitionKey string
+	Exchange     string
+	RoutingKey   string
+	MessageType  string
+	ContentType  string
+	Headers      []byte // the JSON text; nil when NULL
+	Payload      []byte // nil in a list (PayloadBytes has its size)
+	PayloadBytes int64
+	CreatedAt    time.Time // UTC
+	Attempts     uint32
+	Error        string
+	Source       string    // "relay" or "inbox"
+	FailedAt     time.Time // UTC
+}
+
+// Source values of outbox_failed.
+const (
+	SourceRelay = "relay"
+	SourceInbox = "inbox"
+)
+
+// ListOptions selects what ListFailed returns.
+type ListOptions struct {
+	// Limit is the most rows returned; 0 means 50.
+	Limit int
+	// Source keeps only rows of that source ("relay" or "inbox"); "" keeps
+	// all.
+	Source string
+}
+
+const failedColumns = "id, outbox_id, message_id, partition_key, exchange, routing_key, message_type, content_type, " +
+	"headers, LENGTH(payload), created_at, attempts, error, source, failed_at"
+
+// ListFailed returns the newest failed rows first, without their payloads,
+// and how many rows match in all.
+func ListFailed(ctx context.Context, db *sql.DB, o ListOptions) ([]Failed, int64, error) {
+	limit := o.Limit
+	if limit == 0 {
+		limit = 50
+	}
+	if limit < 0 {
+		return nil, 0, refused("limit %d is negative", limit)
+	}
+	where, args := "", []any{}
+	switch o.Source {
+	case "":
+	case SourceRelay, SourceInbox:
+		where, args = " WHERE source = ?", append(args, o.Source)
+	default:
+		return nil, 0, refused("source %q: want %q or %q", o.Source, SourceRelay, SourceInbox)
+	}
+	var total int64
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+FailedTable+where, args...).Scan(&total); err != nil {
+		return nil, 0, fmt.Errorf("count failed messages: %w", err)
+	}
+	list, err := queryFailed(ctx, db, "SELECT "+failedColumns+" FROM "+FailedTable+where+
+		" ORDER BY failed_at DESC, id DESC LIMIT ?", false, append(args, limit)...)
+	if err != nil {
+		return nil, 0, fmt.Errorf("list failed messages: %w", err)
+	}
+	return list, total, nil
+}
+
+// ShowFailed returns every failed row of one message (a message may have
+// failed more than once, or in the relay and in an inbox), oldest first,
+// with payloads. None is a *RefusedError.
+func ShowFailed(ctx context.Context, db *sql.DB, id outbox.MessageID) ([]Failed, error) {
+	list, err := queryFailed(ctx, db, "SELECT "+failedColumns+", payload FROM "+FailedTable+
+		" WHERE message_id = ? ORDER BY failed_at, id", true, id[:])
+	if err != nil {
+		return nil, fmt.Errorf("read failed message %s: %w", id, err)
+	}
+	if len(list) == 0 {
+		return nil, refused("message %s is not in %s", id, FailedTable)
+	}
+	return list, nil
+}
+
+func queryFailed(ctx context.Context, db *sql.DB, query string, withPayload bool, args ...any) ([]Failed, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Failed
+	for rows.Next() {
+		var (
+			f                 Failed
+			mid               []byte
+			headers           []byte
+			created, failedAt utcTime
+		)
+		dest := []any{&f.RowID, &f.OutboxID, &mid, &f.PartitionKey, &f.Exchange, &f.RoutingKey, &f.MessageType,
+			&f.ContentType, &headers, &f.PayloadBytes, &created, &f.Attempts, &f.Error, &f.Source, &failedAt}
+		if withPayload {
+			dest = append(dest, &f.Payload)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
+		if len(mid) != len(f.MessageID) {
+			return nil, fmt.Errorf("%s row %d: message_id is %d bytes, want %d", FailedTable, f.RowID, len(mid), len(f.MessageID))
+		}
+		copy(f.MessageID[:], mid)
+		f.Headers = headers
+		if withPayload && f.Payload == nil {
+			f.Payload = []byte{}
+		}
+		f.CreatedAt, f.FailedAt = created.t, failedAt.t
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}
+
+// PurgeOptions selects the failed rows PurgeFailed removes.
+type PurgeOptions struct {
+	// OlderThan: rows whose failed_at is more than this long ago go.
+	OlderThan time.Duration
+	Batch     Batch
+	// DryRun counts the rows that qualify and deletes nothing.
+	DryRun bool
+}
+
+// PurgeFailed deletes the rows of outbox_failed that failed more than
+// OlderThan ago, in batches. Their messages are gone for good: retry first
+// what should still be delivered.
+func PurgeFailed(ctx context.Context, db *sql.DB, o PurgeOptions) (DeleteResult, error) {
+	if _, err := o.Batch.size(); err != nil {
+		return DeleteResult{}, err
+	}
+	cutoff, err := cutoffFor(ctx, db, o.OlderThan)
+	if err != nil {
+		return DeleteResult{}, fmt.Errorf("purge %s: %w", FailedTable, err)
+	}
+	res := DeleteResult{Cutoff: cutoff}
+	c := sqlTime(cutoff)
+	if o.DryRun {
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+FailedTable+" WHERE failed_at < ?", c).Scan(&res.Rows); err != nil {
+			return res, fmt.Errorf("purge %s: count rows: %w", FailedTable, err)
+		}
+		return res, nil
+	}
+	list := func(cursor uint64, limit int) ([]uint64, error) {
+		return scanIDs(ctx, db, "SELECT id FROM "+FailedTable+" WHERE id > ? AND failed_at < ? ORDER BY id LIMIT ?", cursor, c, limit)
+	}
+	res.Rows, res.Batches, err = deleteByID(ctx, db, FailedTable, o.Batch, "o.failed_at < ?", []any{c}, list)
+	if err != nil {
+		return res, fmt.Errorf("purge %s (after %d deleted): %w", FailedTable, res.Rows, err)
+	}
+	return res, nil
+}

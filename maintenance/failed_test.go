@@ -1,0 +1,236 @@
+package maintenance_test
+
+import (
+	"bytes"
+	"database/sql"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/maintenance"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// List shows the newest failures first, filtered by source and cut at the
+// limit with the total; show returns every failure of one message with its
+// payload; purge deletes only failures older than its age.
+func TestListShowPurgeFailed(t *testing.T) {
+	db, ctx := setup(t, false)
+	m1, m2 := newID(t), newID(t)
+	insertFailed(t, db, failedRow{outboxID: 1, id: m1, key: "k", rk: "a", payload: []byte("one"), failedAgo: 10 * day})
+	insertFailed(t, db, failedRow{outboxID: 7, id: m2, rk: "b", payload: []byte("two"), source: "inbox", failedAgo: day})
+	insertFailed(t, db, failedRow{outboxID: 9, id: m1, key: "k", rk: "a", payload: []byte("one"), failedAgo: time.Hour})
+
+	list, total, err := maintenance.ListFailed(ctx, db, maintenance.ListOptions{})
+	if err != nil || total != 3 || len(list) != 3 {
+		t.Fatalf("list: %d of %d, %v", len(list), total, err)
+	}
+	if list[0].OutboxID != 9 || list[1].OutboxID != 7 || list[2].OutboxID != 1 || list[0].Payload != nil || list[0].PayloadBytes != 3 {
+		t.Fatalf("list is not newest first without payloads: %+v", list)
+	}
+	if list, total, err = maintenance.ListFailed(ctx, db, maintenance.ListOptions{Source: "inbox"}); err != nil || total != 1 || list[0].MessageID != m2 {
+		t.Fatalf("list --source inbox: %+v of %d, %v", list, total, err)
+	}
+	if list, total, err = maintenance.ListFailed(ctx, db, maintenance.ListOptions{Limit: 1}); err != nil || total != 3 || len(list) != 1 {
+		t.Fatalf("list --limit 1: %d of %d, %v", len(list), total, err)
+	}
+	if _, _, err = maintenance.ListFailed(ctx, db, maintenance.ListOptions{Source: "broker"}); !maintenance.IsRefused(err) {
+		t.Fatalf("unknown source: %v", err)
+	}
+
+	shown, err := maintenance.ShowFailed(ctx, db, m1)
+	if err != nil || len(shown) != 2 || string(shown[0].Payload) != "one" || shown[0].OutboxID != 1 || shown[1].OutboxID != 9 {
+		t.Fatalf("show: %+v, %v", shown, err)
+	}
+	if _, err := maintenance.ShowFailed(ctx, db, newID(t)); !maintenance.IsRefused(err) {
+		t.Fatalf("show of an unknown message: %v", err)
+	}
+
+	res, err := maintenance.PurgeFailed(ctx, db, maintenance.PurgeOptions{OlderThan: 7 * day, DryRun: true})
+	if err != nil || res.Rows != 1 || count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 3 {
+		t.Fatalf("purge dry run: %+v, %v", res, err)
+	}
+	res, err = maintenance.PurgeFailed(ctx, db, maintenance.PurgeOptions{OlderThan: 7 * day})
+	if err != nil || res.Rows != 1 || count(t, db, "SELECT COUNT(*) FROM outbox_failed WHERE outbox_id IN (7, 9)") != 2 ||
+		count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 2 {
+		t.Fatalf("purge: %+v, %v", res, err)
+	}
+}
+
+// outboxRow is a row of the outbox as a retry writes it.
+type outboxRow struct {
+	id                              uint64
+	key, exchange, rk, mt, ct       string
+	headers                         sql.NullString
+	payload                         []byte
+	available, delivered, lastError sql.NullString
+	attempts                        int
+	createdAgo                      float64 // seconds
+}
+
+func readOutbox(t *testing.T, db *sql.DB, id outbox.MessageID) []outboxRow {
+	t.Helper()
+	rows, err := db.Query(`SELECT id, partition_key, exchange, routing_key, message_type, content_type, headers, payload,
+		available_at, delivered_at, last_error, attempts, TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) / 1e6
+		FROM outbox WHERE message_id = ? ORDER BY id`, id[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []outboxRow
+	for rows.Next() {
+		var r outboxRow
+		if err := rows.Scan(&r.id, &r.key, &r.exchange, &r.rk, &r.mt, &r.ct, &r.headers, &r.payload,
+			&r.available, &r.delivered, &r.lastError, &r.attempts, &r.createdAgo); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A retried message goes back into the outbox with its message id and
+// every column it was enqueued with (binary payload, headers, type, content
+// type), pending, available at once, with no attempts; its failed rows (it
+// failed twice) are gone. It gets a new id: after the rows of its partition
+// key already in the outbox, before the ones enqueued after the retry.
+func TestRetryKeepsMessageAndLandsAfterEarlierRowsOfItsKey(t *testing.T) {
+	db, ctx := setup(t, false)
+	a1 := insertRow(t, db, "order-1", time.Minute, -1)
+	a2 := insertRow(t, db, "order-1", time.Minute, -1)
+	m := newID(t)
+	payload := []byte{0, 1, 2, 0xff, 'x', 0}
+	f := failedRow{outboxID: a1 - 1, id: m, key: "order-1", exchange: "orders", rk: "order.paid", mt: "order.paid",
+		headers: `{"tenant": "t1", "n": 3}`, payload: payload, contentType: "application/octet-stream", failedAgo: 2 * time.Hour}
+	insertFailed(t, db, f)
+	f.failedAgo = time.Hour
+	insertFailed(t, db, f)
+
+	res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{IDs: []outbox.MessageID{m}})
+	if err != nil || len(res.Retried) != 1 || len(res.Skipped) != 0 {
+		t.Fatalf("retry: %+v, %v", res, err)
+	}
+	r := res.Retried[0]
+	if r.MessageID != m || r.FailedRows != 2 || r.ReplacedDelivered || r.NewID <= a2 {
+		t.Fatalf("retried %+v; want message %s, 2 failed rows, a new id after %d", r, m, a2)
+	}
+	got := readOutbox(t, db, m)
+	if len(got) != 1 {
+		t.Fatalf("outbox holds %d rows of the message, want 1", len(got))
+	}
+	g := got[0]
+	if g.id != r.NewID || g.key != "order-1" || g.exchange != "orders" || g.rk != "order.paid" || g.mt != "order.paid" ||
+		g.ct != "application/octet-stream" || !bytes.Equal(g.payload, payload) || g.headers.String != `{"tenant": "t1", "n": 3}` ||
+		g.available.Valid || g.delivered.Valid || g.lastError.Valid || g.attempts != 0 || g.createdAgo > 60 {
+		t.Fatalf("outbox row %+v", g)
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM outbox_failed"); n != 0 {
+		t.Fatalf("%d rows left in outbox_failed", n)
+	}
+	a3 := insertRow(t, db, "order-1", 0, -1)
+	if order := ids(t, db, "partition_key = 'order-1'"); !slices.Equal(order, []uint64{a1, a2, r.NewID, a3}) {
+		t.Fatalf("order of the key's rows %v, want %v", order, []uint64{a1, a2, r.NewID, a3})
+	}
+}
+
+// Refusals: a message still pending in the outbox, or not in outbox_failed,
+// fails the whole call and changes nothing; a dry run reports and changes
+// nothing; a copy marked delivered (mark mode) is replaced; --all retries
+// what it can, oldest outbox id first, and names the rest.
+func TestRetryRefusalsDryRunAndAll(t *testing.T) {
+	db, ctx := setup(t, false)
+	pending, ok, marked, unknown := newID(t), newID(t), newID(t), newID(t)
+	exec(t, db, "INSERT INTO outbox (message_id, routing_key, payload) VALUES (?, 'rk', 'p')", pending[:])
+	exec(t, db, "INSERT INTO outbox (message_id, routing_key, payload, delivered_at) VALUES (?, 'rk', 'p', UTC_TIMESTAMP(6))", marked[:])
+	insertFailed(t, db, failedRow{outboxID: 30, id: pending, rk: "rk"})
+	insertFailed(t, db, failedRow{outboxID: 20, id: ok, rk: "rk"})
+	insertFailed(t, db, failedRow{outboxID: 10, id: marked, rk: "rk"})
+	before := count(t, db, "SELECT COUNT(*) FROM outbox")
+
+	for _, c := range []struct {
+		ids []outbox.MessageID
+		bad outbox.MessageID
+	}{{[]outbox.MessageID{ok, pending}, pending}, {[]outbox.MessageID{unknown, ok}, unknown}} {
+		ids := c.ids
+		res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{IDs: ids})
+		if !maintenance.IsRefused(err) || len(res.Retried) != 0 || len(res.Skipped) != 1 || res.Skipped[0].MessageID != c.bad {
+			t.Fatalf("retry %v: %+v, %v; want a refusal naming %s", ids, res, err, c.bad)
+		}
+		if count(t, db, "SELECT COUNT(*) FROM outbox") != before || count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 3 {
+			t.Fatalf("retry %v changed the tables", ids)
+		}
+	}
+
+	res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{IDs: []outbox.MessageID{ok, marked}, DryRun: true})
+	if err != nil || len(res.Retried) != 2 || res.Retried[0].NewID != 0 || !res.Retried[1].ReplacedDelivered {
+		t.Fatalf("dry run: %+v, %v", res, err)
+	}
+	if count(t, db, "SELECT COUNT(*) FROM outbox") != before || count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 3 {
+		t.Fatal("the dry run changed the tables")
+	}
+
+	res, err = maintenance.Retry(ctx, db, maintenance.RetryOptions{All: true, BatchSize: 1})
+	if !maintenance.IsRefused(err) || len(res.Retried) != 2 || len(res.Skipped) != 1 || res.Skipped[0].MessageID != pending {
+		t.Fatalf("retry --all: %+v, %v; want 2 retried and %s skipped", res, err, pending)
+	}
+	if res.Retried[0].MessageID != marked || !res.Retried[0].ReplacedDelivered || res.Retried[1].MessageID != ok {
+		t.Fatalf("retry --all: %+v; want %s (replacing its delivered copy), then %s", res.Retried, marked, ok)
+	}
+	if rows := readOutbox(t, db, marked); len(rows) != 1 || rows[0].delivered.Valid || rows[0].id != res.Retried[0].NewID {
+		t.Fatalf("marked message after the retry: %+v", rows)
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM outbox_failed WHERE message_id = ?", pending[:]); n != 1 ||
+		count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 1 {
+		t.Fatalf("outbox_failed after --all: want only %s left", pending)
+	}
+}
+
+// On a partitioned outbox, whose message_id is not unique, two retries of
+// one message at the same moment put it back once: one retries, the other
+// finds nothing left to retry.
+func TestRetryConcurrentPartitioned(t *testing.T) {
+	db, ctx := setup(t, true)
+	for range 5 {
+		m := newID(t)
+		insertFailed(t, db, failedRow{outboxID: 1, id: m, rk: "rk"})
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			retried int
+			errs    []error
+		)
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{IDs: []outbox.MessageID{m}})
+				mu.Lock()
+				defer mu.Unlock()
+				retried += len(res.Retried)
+				if err != nil {
+					errs = append(errs, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if retried != 1 || len(errs) != 1 || !maintenance.IsRefused(errs[0]) {
+			t.Fatalf("two concurrent retries: %d retried, errors %v; want 1 and one refusal", retried, errs)
+		}
+		if rows := readOutbox(t, db, m); len(rows) != 1 {
+			t.Fatalf("the outbox holds %d rows of the message, want 1", len(rows))
+		}
+		// A failed row of the message while it is pending again (the
+		// uniqueness check here is the retry's own, not a key's): refused.
+		insertFailed(t, db, failedRow{outboxID: 2, id: m, rk: "rk"})
+		res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{IDs: []outbox.MessageID{m}})
+		if !maintenance.IsRefused(err) || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "still pending") {
+			t.Fatalf("retry of a pending message: %+v, %v", res, err)
+		}
+		exec(t, db, "DELETE FROM outbox_failed")
+	}
+}

@@ -1,0 +1,396 @@
+package publish
+
+import (
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
+)
+
+// session is one AMQP channel in confirm mode. Its notification channels
+// are buffered to the window: at most window delivery tags are outstanding
+// (each entry has at most one), so amqp091's reader never waits on them —
+// it would drop a notification after 5s.
+type session struct {
+	conn     *amqp.Connection
+	ch       *amqp.Channel
+	confirms chan amqp.Confirmation
+	returns  chan amqp.Return
+	closes   chan *amqp.Error
+	nextTag  uint64
+	byTag    map[uint64]*entry
+	returned map[returnKey]int // basic.returns not yet matched with their confirmation
+}
+
+type returnKey struct{ messageID, exchange, routingKey string }
+
+// run owns the Channel: it opens an AMQP channel on every connection,
+// republishes, takes confirmations and returns, and delivers Results.
+func (c *Channel) run() {
+	defer close(c.done)
+	defer c.p.unregister(c)
+	defer func() {
+		c.mu.Lock()
+		c.closed = true
+		c.ready = false
+		c.notifyLocked()
+		c.mu.Unlock()
+		c.cancel()
+	}()
+	bo := backoff.Counter{Min: c.p.cfg.ReconnectMin, Max: c.p.cfg.ReconnectMax}
+	for {
+		conn := c.p.awaitConn(c.ctx.Done())
+		if conn == nil {
+			return
+		}
+		sess, err := c.open(conn)
+		if err != nil {
+			if !conn.IsClosed() {
+				c.log.Warn("open AMQP channel", zap.Error(err))
+			}
+			if !backoff.Sleep(c.ctx, bo.Next()) {
+				return
+			}
+			continue
+		}
+		progress, stop := c.serve(sess)
+		if stop {
+			return
+		}
+		if progress {
+			bo.Reset()
+		} else if !backoff.Sleep(c.ctx, bo.Next()) {
+			return
+		}
+	}
+}
+
+func (c *Channel) open(conn *amqp.Connection) (*session, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	s := &session{
+		conn:     conn,
+		ch:       ch,
+		closes:   ch.NotifyClose(make(chan *amqp.Error, 1)),
+		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, c.window)),
+		returns:  ch.NotifyReturn(make(chan amqp.Return, c.window)),
+		byTag:    map[uint64]*entry{},
+		returned: map[returnKey]int{},
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	return s, nil
+}
+
+// serve runs one session until its AMQP channel closes (stop false) or the
+// Channel is closed (stop true). progress says whether the session ended in
+// a way that does not call for backoff before the next one.
+func (c *Channel) serve(s *session) (progress, stop bool) {
+	c.start(s)
+	c.deliver()
+	for {
+		select {
+		case <-c.ctx.Done():
+			// When the Publisher ends it closes the connection, which takes
+			// the channel down. A blocked broker does not read from the
+			// socket, so it would never answer channel.close; the
+			// connection's close (bounded) takes the channel down then.
+			if c.p.ctx.Err() == nil && !c.p.Blocked() {
+				_ = s.ch.Close()
+			}
+			return false, true
+		case <-c.kick:
+			c.deliver()
+		case r, ok := <-s.returns:
+			if !ok {
+				s.returns = nil
+				continue
+			}
+			c.recordReturn(s, r)
+		case conf, ok := <-s.confirms:
+			if !ok {
+				return c.end(s, <-s.closes), false
+			}
+			c.confirm(s, conf)
+		case err := <-s.closes:
+			// Confirmations amqp091 queued before the close still count;
+			// it closes s.confirms right after notifying the close.
+			for conf := range s.confirms {
+				c.confirm(s, conf)
+			}
+			return c.end(s, err), false
+		}
+	}
+}
+
+// start makes s current and republishes the unresolved head of every key
+// (and every unresolved message without a key) in publish order, all at
+// once, or in probe mode only the first suspect. Parked messages follow as
+// their keys free up.
+func (c *Channel) start(s *session) {
+	c.pubMu.Lock()
+	defer c.pubMu.Unlock()
+	c.mu.Lock()
+	c.sess = s
+	first := c.firstSuspectLocked()
+	if first == nil {
+		c.endProbeLocked()
+	}
+	probe := c.probe
+	pending := c.unsentLocked()
+	c.mu.Unlock()
+	if probe {
+		c.log.Info("probing unconfirmed messages one at a time after a channel exception")
+		c.sendLocked(s, first)
+		return
+	}
+	c.sendAllLocked(s, pending)
+}
+
+// sendAllLocked sends pending in order on s, then lets Publish send on s.
+// The caller holds pubMu.
+func (c *Channel) sendAllLocked(s *session, pending []*entry) {
+	for _, e := range pending {
+		if !c.sendLocked(s, e) {
+			return
+		}
+	}
+	c.mu.Lock()
+	if c.sess == s {
+		c.ready = true
+		c.notifyLocked()
+	}
+	c.mu.Unlock()
+}
+
+func (c *Channel) recordReturn(s *session, r amqp.Return) {
+	c.mu.Lock()
+	s.returned[returnKey{r.MessageId, r.Exchange, r.RoutingKey}]++
+	c.mu.Unlock()
+}
+
+// confirm handles one confirmation, delivered by amqp091 in tag order.
+func (c *Channel) confirm(s *session, conf amqp.Confirmation) {
+	// A basic.return precedes the ack of its publish and amqp091 queued it
+	// before queueing the ack, so it is in s.returns now: take it first.
+	for drained := false; !drained; {
+		select {
+		case r, ok := <-s.returns:
+			if !ok {
+				s.returns = nil
+				drained = true
+				continue
+			}
+			c.recordReturn(s, r)
+		default:
+			drained = true
+		}
+	}
+	c.mu.Lock()
+	e := s.byTag[conf.DeliveryTag]
+	if e != nil && e.dc == nil {
+		// The confirmation overtook the return of the publish call that
+		// sets e.dc; that call holds pubMu until it has.
+		c.mu.Unlock()
+		c.pubMu.Lock()
+		c.pubMu.Unlock()
+		c.mu.Lock()
+		e = s.byTag[conf.DeliveryTag]
+	}
+	if e == nil {
+		c.mu.Unlock()
+		c.log.Warn("confirmation for an unknown delivery tag", zap.Uint64("tag", conf.DeliveryTag))
+		return
+	}
+	delete(s.byTag, conf.DeliveryTag)
+	e.tag = 0
+	// amqp091's resequenced stream turns an early nack into an ack when a
+	// later ack with multiple=true covers its tag (it does not remember the
+	// nack, so a message the broker refused would be reported Confirmed).
+	// The DeferredConfirmation keeps the first disposition per tag and is
+	// settled before the resequenced confirmation is sent, so it is the
+	// truth whenever it is done.
+	ack := conf.Ack
+	if e.dc != nil {
+		select {
+		case <-e.dc.Done():
+			ack = e.dc.Acked()
+		default:
+		}
+		e.dc = nil
+	}
+	key := returnKey{e.msg.Publishing.MessageId, e.msg.Exchange, e.msg.RoutingKey}
+	retry := false
+	var next *entry
+	switch {
+	case s.returned[key] > 0:
+		if s.returned[key]--; s.returned[key] == 0 {
+			delete(s.returned, key)
+		}
+		next = c.resolveLocked(e, Returned, 312, "312 NO_ROUTE")
+	case ack:
+		next = c.resolveLocked(e, Confirmed, 0, "")
+	default:
+		e.attempts++
+		if e.attempts >= c.p.cfg.MaxAttempts {
+			next = c.resolveLocked(e, Rejected, 0, fmt.Sprintf("nacked %d times", e.attempts))
+		} else {
+			retry = true
+		}
+	}
+	probe := c.probe
+	c.mu.Unlock()
+
+	switch {
+	case retry:
+		// Still its key's head: the messages of its key after it stay
+		// parked, so it is published again ahead of them.
+		log := c.log.Debug
+		if e.attempts == 1 {
+			log = c.log.Warn
+		}
+		log("broker nacked a message, publishing it again",
+			zap.String("message_id", e.msg.Publishing.MessageId), zap.Int("attempt", e.attempts+1))
+		c.pubMu.Lock()
+		c.sendLocked(s, e)
+		c.pubMu.Unlock()
+	case probe:
+		c.probeNext(s)
+	case next != nil:
+		c.sendNext(s, next)
+	}
+	c.deliver()
+}
+
+// sendNext sends e, which just became its key's head, when s is current and
+// takes messages; otherwise the next republish (start, or the end of probe
+// mode) sends it.
+func (c *Channel) sendNext(s *session, e *entry) {
+	c.pubMu.Lock()
+	defer c.pubMu.Unlock()
+	c.mu.Lock()
+	ok := c.sess == s && c.ready && !e.resolved && e.tag == 0 && c.headLocked(e)
+	c.mu.Unlock()
+	if ok {
+		c.sendLocked(s, e)
+	}
+}
+
+// firstSuspectLocked is the first unresolved suspect in publish order.
+func (c *Channel) firstSuspectLocked() *entry {
+	if !c.probe {
+		return nil
+	}
+	for _, e := range c.queue {
+		if e.suspect && !e.resolved {
+			return e
+		}
+	}
+	return nil
+}
+
+func (c *Channel) endProbeLocked() {
+	c.probe = false
+	for _, e := range c.queue {
+		e.suspect = false
+	}
+}
+
+// probeNext publishes the next suspect, or leaves probe mode when none is
+// left: then every unsent key head goes out at once and Publish resumes.
+func (c *Channel) probeNext(s *session) {
+	c.pubMu.Lock()
+	defer c.pubMu.Unlock()
+	c.mu.Lock()
+	if c.sess != s {
+		c.mu.Unlock()
+		return
+	}
+	next := c.firstSuspectLocked()
+	if next == nil {
+		c.endProbeLocked()
+		pending := c.unsentLocked()
+		c.mu.Unlock()
+		c.sendAllLocked(s, pending)
+		return
+	}
+	c.mu.Unlock()
+	c.sendLocked(s, next)
+}
+
+// blameCode reports whether a channel exception is one a basic.publish can
+// cause: the message's fault, which republishing it would only repeat.
+func blameCode(code int) bool {
+	switch code {
+	case amqp.ContentTooLarge, amqp.AccessRefused, amqp.NotFound, amqp.PreconditionFailed:
+		return true
+	}
+	return false
+}
+
+// end retires session s after its AMQP channel closed with cerr (nil when
+// closed without an error). Unconfirmed messages stay queued for the next
+// session. When the broker closed the channel over a message, that message
+// is resolved Returned if it can be identified, else probe mode starts.
+func (c *Channel) end(s *session, cerr *amqp.Error) (progress bool) {
+	c.mu.Lock()
+	var outstanding []*entry
+	for _, e := range s.byTag {
+		outstanding = append(outstanding, e)
+		e.tag = 0
+	}
+	clear(s.byTag)
+	if c.sess == s {
+		c.sess = nil
+		c.ready = false
+	}
+	// amqp091 marks the connection closed before it closes its channels,
+	// so a channel closed by a connection loss always sees it here.
+	channelException := cerr != nil && cerr.Server && !s.conn.IsClosed()
+	if channelException && cerr.Code == amqp.NotFound {
+		// An exchange checked earlier is gone: check again before the next
+		// message to any of these exchanges is accepted.
+		for _, e := range outstanding {
+			c.p.forgetExchange(e.msg.Exchange)
+		}
+	}
+	switch {
+	case !channelException || !blameCode(cerr.Code):
+		// A lost connection or a close no message caused: republish all.
+		progress = cerr == nil || !channelException
+	case len(outstanding) == 1:
+		e := outstanding[0]
+		reason := fmt.Sprintf("%d %s", cerr.Code, cerr.Reason)
+		if cerr.Code == amqp.NotFound {
+			reason = "exchange not found: " + reason
+		}
+		// Its key's next message goes out with the next session.
+		c.resolveLocked(e, Returned, cerr.Code, reason)
+		c.endProbeLocked()
+		progress = true
+		c.log.Warn("broker closed the channel over a message; reported it as returned",
+			zap.String("message_id", e.msg.Publishing.MessageId),
+			zap.String("exchange", e.msg.Exchange), zap.String("reason", reason))
+	case len(outstanding) > 1:
+		c.endProbeLocked()
+		c.probe = true
+		for _, e := range outstanding {
+			e.suspect = true
+		}
+		progress = true
+		c.log.Warn("broker closed the channel over one of several unconfirmed messages",
+			zap.Int("unconfirmed", len(outstanding)), zap.Error(cerr))
+	default:
+		c.log.Warn("broker closed the channel", zap.Error(cerr))
+	}
+	c.notifyLocked()
+	c.mu.Unlock()
+	c.deliver()
+	return progress
+}

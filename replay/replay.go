@@ -1,0 +1,252 @@
+package replay
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/canal"
+	"github.com/outbox-relay/outbox-relay/publish"
+)
+
+// Run replays cfg.Range and returns what it did. The error is nil when every
+// message was published and confirmed (dry run: counted); a *RefusedError
+// when the request or the server rules the replay out (nothing was
+// published); ctx.Err() when ctx ended first; an error naming the count when
+// messages were not confirmed; another error for a runtime failure. The
+// Summary is non-nil whenever the stream started, also with an error.
+//
+// Run reads the database (positions, binlog files, the relay's epoch) and
+// the binlog, and writes nothing to the database.
+func Run(ctx context.Context, cfg Config) (*Summary, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	db, ccfg, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+
+	if err := canal.Preflight(ctx, db, ccfg); err != nil {
+		var pe *canal.PreflightError
+		if errors.As(err, &pe) {
+			return nil, &RefusedError{fmt.Errorf("replay: the server cannot serve the binlog: %w", err)}
+		}
+		return nil, fmt.Errorf("replay: preflight: %w", err)
+	}
+	flavor, err := canal.DetectFlavor(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	ccfg.Flavor = flavor
+	tailer, err := canal.New(ccfg)
+	if err != nil {
+		return nil, &RefusedError{fmt.Errorf("replay: %w", err)}
+	}
+	b, err := resolve(ctx, db, tailer, flavor, cfg.Range, log)
+	if err != nil {
+		return nil, err
+	}
+	epoch, err := relayEpoch(ctx, db, cfg.RelayName)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("replaying", zap.Stringer("after", b.from), zap.Stringer("up_to", b.to),
+		zap.Stringer("server_position", b.limit), zap.Bool("dry_run", cfg.DryRun),
+		zap.Uint32("server_id", cfg.ServerID), zap.Int64("epoch", epoch))
+
+	st, err := newStream(&cfg, b, epoch)
+	if err != nil {
+		return nil, err
+	}
+	st.s.From, st.s.To, st.s.Empty, st.s.FromTime = b.from, b.to, b.empty, b.fromTime
+	st.started = time.Now()
+	if b.empty {
+		return st.finish(nil), nil
+	}
+
+	var pub *publish.Publisher
+	if !cfg.DryRun {
+		if err := checkBroker(cfg.AMQPURL, cfg.Exchange); err != nil {
+			return nil, err
+		}
+		// The publisher outlives ctx so that an interrupted replay still
+		// waits (FlushTimeout) for the confirms of what it published.
+		pub, err = publish.New(context.WithoutCancel(ctx), publish.Config{
+			URL: cfg.AMQPURL, ConfirmWindow: cfg.ConfirmWindow, MaxAttempts: cfg.MaxAttempts,
+			Logger: log.Named("publish"),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
+		}
+		defer pub.Close()
+		for range cfg.Lanes {
+			ch, err := pub.NewChannel(st.onResult)
+			if err != nil {
+				return nil, fmt.Errorf("replay: %w", err)
+			}
+			st.chans = append(st.chans, ch)
+		}
+	}
+
+	stop, reported := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(reported)
+		st.report(stop)
+	}()
+	runErr := tailer.Run(ctx, b.from, st)
+	close(stop)
+	<-reported
+	switch {
+	case errors.Is(runErr, errDone):
+		runErr = nil
+	case ctx.Err() != nil:
+		st.count(func(s *Summary) { s.Interrupted = true })
+		runErr = fmt.Errorf("replay interrupted: %w", ctx.Err())
+	case runErr != nil:
+		var pe *canal.PurgedError
+		if errors.As(runErr, &pe) {
+			runErr = &RefusedError{fmt.Errorf("replay: %w", runErr)}
+		} else {
+			runErr = fmt.Errorf("replay: read the binlog: %w", runErr)
+		}
+	}
+	if err := st.flush(ctx); err != nil && runErr == nil {
+		runErr = err
+	}
+	s := st.finish(runErr)
+	if runErr == nil && s.NotConfirmed() > 0 && !cfg.DryRun {
+		runErr = fmt.Errorf("replay: %d of %d messages were not confirmed (%d returned, %d rejected, %d invalid, %d without an outcome)",
+			s.NotConfirmed(), s.Messages+s.Invalid, s.Returned, s.Rejected, s.Invalid, s.Unconfirmed)
+	}
+	return s, runErr
+}
+
+// flush waits until every published message has its outcome: while ctx
+// lives, then at most FlushTimeout more.
+func (st *stream) flush(ctx context.Context) error {
+	wait := func(ctx context.Context) error {
+		for _, ch := range st.chans {
+			if err := ch.Flush(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if ctx.Err() == nil {
+		err := wait(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() == nil {
+			return fmt.Errorf("replay: wait for confirms: %w", err)
+		}
+	}
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.cfg.FlushTimeout)
+	defer cancel()
+	if err := wait(gctx); err != nil {
+		return fmt.Errorf("replay: wait for confirms: %w", err)
+	}
+	return nil
+}
+
+// finish completes the Summary and sends the final Progress.
+func (st *stream) finish(runErr error) *Summary {
+	st.mu.Lock()
+	st.s.ReadUpTo = st.pos
+	st.s.PartialMessages = st.txnMsgs
+	st.s.Elapsed = time.Since(st.started)
+	if !st.s.DryRun {
+		st.s.Unconfirmed = max(0, st.s.Messages-st.s.Confirmed-st.s.Returned-st.s.Rejected)
+	}
+	st.s.Routes = sortedRoutes(st.routes)
+	if st.firstCur != "" {
+		st.s.FirstGTID = addedGTID(st.b.flavor, st.firstPrev, st.firstCur)
+		st.s.LastGTID = addedGTID(st.b.flavor, st.lastPrev, st.lastCur)
+	}
+	s := st.s
+	st.mu.Unlock()
+	if st.cfg.OnProgress != nil && !st.b.empty {
+		st.cfg.OnProgress(st.progress(0, 0, runErr == nil))
+	}
+	return &s
+}
+
+// open opens the database pool and derives the binlog connection.
+func open(cfg Config) (*sql.DB, canal.Config, error) {
+	dsn, err := mysql.ParseDSN(cfg.MySQLDSN) // Validate parsed it
+	if err != nil {
+		return nil, canal.Config{}, refused("replay: the MySQL DSN does not parse")
+	}
+	if dsn.Timeout == 0 {
+		dsn.Timeout = 10 * time.Second
+	}
+	connector, err := mysql.NewConnector(dsn)
+	if err != nil {
+		return nil, canal.Config{}, refused("replay: MySQL DSN: %v", err)
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(2)
+	host, portStr, err := net.SplitHostPort(dsn.Addr)
+	if err != nil {
+		host, portStr = dsn.Addr, "3306"
+	}
+	port, _ := strconv.Atoi(portStr)
+	return db, canal.Config{
+		Host: host, Port: port, User: dsn.User, Password: dsn.Passwd,
+		ServerID: cfg.ServerID, Schema: dsn.DBName, Table: cfg.Table,
+		Logger: cfg.Logger,
+	}, nil
+}
+
+// relayEpoch is the relay's current epoch from its progress row, 0 when it
+// has none (no row, no table). Read only.
+func relayEpoch(ctx context.Context, db *sql.DB, name string) (int64, error) {
+	var epoch int64
+	err := db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?", name).Scan(&epoch)
+	var me *mysql.MySQLError
+	switch {
+	case errors.Is(err, sql.ErrNoRows), errors.As(err, &me) && me.Number == 1146: // no such table
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("replay: read the epoch of relay %q: %w", name, err)
+	}
+	return epoch, nil
+}
+
+// checkBroker fails a replay whose broker cannot be reached now (the
+// publisher would wait for it in silence) and refuses an --exchange that
+// does not exist (every message would come back).
+func checkBroker(url, exchange string) error {
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+	if err != nil {
+		return fmt.Errorf("replay: connect to the AMQP broker: %w", err)
+	}
+	defer conn.Close()
+	if exchange == "" {
+		return nil
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("replay: check exchange %q: %w", exchange, err)
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclarePassive(exchange, "topic", true, false, false, false, nil); err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return refused("replay: exchange %q does not exist on the broker", exchange)
+		}
+		return fmt.Errorf("replay: check exchange %q: %w", exchange, err)
+	}
+	return nil
+}
