@@ -8,8 +8,11 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/dedup"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // inboxEffects is a dedup.Consumer on its own queue whose handler records
@@ -75,4 +78,88 @@ func (e *inboxEffects) check(ctx context.Context, t *testing.T, total int) dedup
 		t.Fatalf("inbox: %d effects of %d distinct messages, want %d of each; stats %+v", effects, distinct, total, st)
 	}
 	return st
+}
+
+// uncoveredTail waits until deliveries have stopped coming (the relay is not
+// running) and returns how many delivered messages belong to transactions
+// after the stored position: a restart starts there, so it publishes each of
+// them again. (Rows of such transactions may already be deleted: rows are
+// acknowledged as they are confirmed, the position only past transactions
+// whose every row is; counting the rows left in the outbox would miss them.)
+// The binlog between the stored position and the server's current one is
+// read with the relay's own tailer.
+func (c *countingConsumer) uncoveredTail(ctx context.Context, t *testing.T, db *testenv.DB) int {
+	t.Helper()
+	for last := -1; ; {
+		_, d, _ := c.stats()
+		if d == last {
+			break
+		}
+		last = d
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	var from position.Position
+	if err := db.SQL.QueryRowContext(ctx, "SELECT COALESCE(flavor, ''), COALESCE(gtid_set, '') "+
+		"FROM outbox_relay_progress WHERE relay_name = 'default'").Scan(&from.Flavor, &from.GTIDSet); err != nil {
+		t.Fatal(err)
+	}
+	until, err := canal.CurrentPosition(ctx, db.SQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done, err := position.Reached(from, until); err != nil || done {
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	}
+	tailer, err := canal.New(canal.Config{
+		Host: db.Host, Port: db.Port, User: db.User, Password: db.Password,
+		ServerID: nextRunServerID.Add(1), Schema: db.Name, Table: "outbox",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	readCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	h := &idCollector{until: until, done: cancel}
+	if err := tailer.Run(readCtx, from, h); err != nil && ctx.Err() == nil && !h.reached {
+		t.Fatalf("read the binlog after %s: %v", from, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, id := range h.ids {
+		if c.seen[id] {
+			n++
+		}
+	}
+	return n
+}
+
+// idCollector is a canal.Handler that keeps the message ids of the outbox
+// rows it is given, until a transaction reaches until.
+type idCollector struct {
+	until   position.Position
+	done    context.CancelFunc
+	ids     []string
+	reached bool
+}
+
+func (h *idCollector) Row(_ context.Context, rec *outbox.Record) error {
+	h.ids = append(h.ids, rec.MessageID.String())
+	return nil
+}
+
+func (h *idCollector) Commit(_ context.Context, pos position.Position, _ int) error {
+	if ok, err := position.Reached(pos, h.until); err != nil || ok {
+		h.reached = true
+		h.done()
+		return err
+	}
+	return nil
 }
