@@ -109,37 +109,6 @@ func cutoffFor(ctx context.Context, db *sql.DB, age time.Duration) (time.Time, e
 // same whatever the pool's parseTime and loc settings.
 func sqlTime(t time.Time) string { return t.UTC().Format(datetimeLayout) }
 
-// utcTime scans a DATETIME(6) column as UTC, whether the pool parses times
-// or hands them over as text; NULL leaves the zero time.
-type utcTime struct{ t time.Time }
-
-func (u *utcTime) Scan(v any) error {
-	switch v := v.(type) {
-	case nil:
-		u.t = time.Time{}
-	case time.Time:
-		// A pool with parseTime and another loc has read the UTC wall
-		// clock as that zone's: keep the wall clock, call it UTC.
-		u.t = time.Date(v.Year(), v.Month(), v.Day(), v.Hour(), v.Minute(), v.Second(), v.Nanosecond(), time.UTC)
-	case []byte:
-		return u.parse(string(v))
-	case string:
-		return u.parse(v)
-	default:
-		return fmt.Errorf("DATETIME value of type %T", v)
-	}
-	return nil
-}
-
-func (u *utcTime) parse(s string) error {
-	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
-	if err != nil {
-		return fmt.Errorf("parse DATETIME %q: %w", s, err)
-	}
-	u.t = t
-	return nil
-}
-
 // idRows is a row source of the given ids for a STRAIGHT_JOIN to a table
 // by primary key: a point lookup per id, whatever the table's statistics
 // say (checkpoint.AckRows explains why the plain IN and BETWEEN forms are

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/sqltime"
 )
 
 // DefaultDedupFloor is the youngest age DedupCleanup deletes without
@@ -125,7 +127,7 @@ func listDedup(ctx context.Context, db *sql.DB, from, cutoff, filter string, arg
 	defer rows.Close()
 	var (
 		keys []([2]string)
-		last utcTime
+		last sqltime.UTC
 	)
 	for rows.Next() {
 		var consumer string
@@ -135,7 +137,7 @@ func listDedup(ctx context.Context, db *sql.DB, from, cutoff, filter string, arg
 		}
 		keys = append(keys, [2]string{consumer, hex.EncodeToString(id)})
 	}
-	return keys, last.t, rows.Err()
+	return keys, last.T, rows.Err()
 }
 
 // formatAge prints whole days as "7d", anything else as a Go duration.

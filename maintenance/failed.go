@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/sqltime"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -105,7 +106,7 @@ func queryFailed(ctx context.Context, db *sql.DB, query string, withPayload bool
 			f                 Failed
 			mid               []byte
 			headers           []byte
-			created, failedAt utcTime
+			created, failedAt sqltime.UTC
 		)
 		dest := []any{&f.RowID, &f.OutboxID, &mid, &f.PartitionKey, &f.Exchange, &f.RoutingKey, &f.MessageType,
 			&f.ContentType, &headers, &f.PayloadBytes, &created, &f.Attempts, &f.Error, &f.Source, &failedAt}
@@ -123,7 +124,7 @@ func queryFailed(ctx context.Context, db *sql.DB, query string, withPayload bool
 		if withPayload && f.Payload == nil {
 			f.Payload = []byte{}
 		}
-		f.CreatedAt, f.FailedAt = created.t, failedAt.t
+		f.CreatedAt, f.FailedAt = created.T, failedAt.T
 		out = append(out, f)
 	}
 	return out, rows.Err()

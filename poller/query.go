@@ -8,9 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/sqltime"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -32,7 +32,7 @@ func ScanRecord(s Scanner) (*outbox.Record, error) {
 	var (
 		rec                outbox.Record
 		messageID, headers []byte
-		created, available utcTime
+		created, available sqltime.UTC
 	)
 	if err := s.Scan(&rec.ID, &messageID, &rec.PartitionKey, &rec.Exchange, &rec.RoutingKey,
 		&rec.MessageType, &headers, &rec.Payload, &rec.ContentType, &created, &available); err != nil {
@@ -43,36 +43,8 @@ func ScanRecord(s Scanner) (*outbox.Record, error) {
 	}
 	copy(rec.MessageID[:], messageID)
 	rec.Headers = headers
-	rec.CreatedAt, rec.AvailableAt = created.t, available.t
+	rec.CreatedAt, rec.AvailableAt = created.T, available.T
 	return &rec, nil
-}
-
-// utcTime scans a DATETIME(6) column as UTC; NULL leaves the zero time.
-type utcTime struct{ t time.Time }
-
-func (u *utcTime) Scan(v any) error {
-	switch v := v.(type) {
-	case nil:
-		u.t = time.Time{}
-	case time.Time:
-		u.t = v.UTC()
-	case []byte:
-		return u.parse(string(v))
-	case string:
-		return u.parse(v)
-	default:
-		return fmt.Errorf("DATETIME value of type %T", v)
-	}
-	return nil
-}
-
-func (u *utcTime) parse(s string) error {
-	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
-	if err != nil {
-		return fmt.Errorf("parse DATETIME %q: %w", s, err)
-	}
-	u.t = t
-	return nil
 }
 
 // queries holds the SQL of a round, built once from the table name.
