@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/ordering"
+	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/position"
 )
 
@@ -20,6 +22,7 @@ type Ack struct {
 	HasPos      bool
 	Mode        string // stored in the progress row when set ("binlog"|"poll")
 	IDs         []ordering.Range
+	MessageIDs  []outbox.MessageID // of each row of IDs, in IDs' order (ordering.Batch.MessageIDs)
 	Failed      []ordering.Failure
 	LastEventAt time.Time
 }
@@ -53,16 +56,22 @@ func (s *Store) Ack(ctx context.Context, epoch int64, a Ack) error {
 			failedByID[f.Record.ID] = append(failedByID[f.Record.ID], f)
 		}
 	}
+	if n := ordering.Count(a.IDs); len(a.MessageIDs) != n {
+		return fmt.Errorf("acknowledge: %d message ids for %d rows", len(a.MessageIDs), n)
+	}
+	mids := a.MessageIDs
 	for rest, done := a.IDs, 0; ; {
 		var chunk []ordering.Range
 		chunk, rest = splitRanges(rest, ackChunk)
+		var chunkMids []outbox.MessageID
+		chunkMids, mids = mids[:ordering.Count(chunk)], mids[ordering.Count(chunk):]
 		failed := takeFailed(failedByID, chunk)
 		var final *Ack
 		if len(rest) == 0 {
 			final = &a
 			failed = append(failed, leftFailed(failedByID)...) // not among IDs: record them anyway
 		}
-		if err := s.ackTx(ctx, epoch, chunk, failed, final); err != nil {
+		if err := s.ackTx(ctx, epoch, chunk, chunkMids, failed, final); err != nil {
 			if done > 0 {
 				return fmt.Errorf("after %d of %d rows: %w", done, ordering.Count(a.IDs), err)
 			}
@@ -80,7 +89,7 @@ func (s *Store) Ack(ctx context.Context, epoch int64, a Ack) error {
 // a lock on the progress row that lasts only until the commit: shared for a
 // chunk of rows, exclusive when the row is written. A newer leader's epoch
 // bump therefore either waits for this commit or makes it fail.
-func (s *Store) ackTx(ctx context.Context, epoch int64, ids []ordering.Range, failed []ordering.Failure, final *Ack) (err error) {
+func (s *Store) ackTx(ctx context.Context, epoch int64, ids []ordering.Range, mids []outbox.MessageID, failed []ordering.Failure, final *Ack) (err error) {
 	if len(ids) == 0 && len(failed) == 0 && (final == nil || !final.HasPos && final.Mode == "") {
 		return nil
 	}
@@ -100,7 +109,7 @@ func (s *Store) ackTx(ctx context.Context, epoch int64, ids []ordering.Range, fa
 			return err
 		}
 	}
-	if err := s.AckRows(ctx, tx, ids, failed); err != nil {
+	if err := s.AckRows(ctx, tx, ids, mids, failed); err != nil {
 		return err
 	}
 	write := final != nil && (final.HasPos || final.Mode != "")
@@ -200,12 +209,18 @@ func nullIfEmpty(s string) any {
 const ackChunk = 1000
 
 // AckRows records failures in outbox_failed and deletes (or marks delivered)
-// the rows in ids, through ex — the caller's transaction. Failed rows are
-// among ids: they leave the outbox like the others so their partition moves on.
+// the rows in ids, through ex — the caller's transaction. mids holds the
+// message id of each row of ids, in ids' order: a row is acknowledged only
+// when both its id and its message id match, because after a lossy
+// failover the server hands out ids that were already published for other
+// messages (design §6), and such a row must not be deleted or marked
+// unpublished. Failed rows are among ids: they leave the outbox like the
+// others so their partition moves on.
 //
-// The ids reach the server as a JSON array that JSON_TABLE turns into a
-// row source, joined STRAIGHT_JOIN to the outbox by primary key: an eq_ref
-// point lookup per id, whatever the table's statistics say. The obvious
+// The (id, message id) pairs reach the server as a JSON array that
+// JSON_TABLE turns into a row source, joined STRAIGHT_JOIN to the outbox by
+// primary key: an eq_ref point lookup per id, whatever the table's
+// statistics say, the message id compared on the row found. The obvious
 // forms are not safe. A queue table's row estimate is often near zero (it
 // empties between bursts), and with such an estimate MariaDB plans
 // "DELETE ... WHERE id IN (...)" and even "DELETE o FROM t o FORCE INDEX
@@ -214,7 +229,10 @@ const ackChunk = 1000
 // (each scanning into the other's rows) and the binlog relay's ack waits
 // on producers' uncommitted inserts. A BETWEEN range also locks the record
 // just past it. Point lookups lock exactly the rows named.
-func (s *Store) AckRows(ctx context.Context, ex Execer, ids []ordering.Range, failed []ordering.Failure) error {
+func (s *Store) AckRows(ctx context.Context, ex Execer, ids []ordering.Range, mids []outbox.MessageID, failed []ordering.Failure) error {
+	if n := ordering.Count(ids); len(mids) != n {
+		return fmt.Errorf("acknowledge rows of %s: %d message ids for %d rows", s.cfg.Table, len(mids), n)
+	}
 	if err := s.insertFailed(ctx, ex, failed); err != nil {
 		return err
 	}
@@ -222,7 +240,8 @@ func (s *Store) AckRows(ctx context.Context, ex Execer, ids []ordering.Range, fa
 	for len(ids) > 0 {
 		b.Reset()
 		var n int
-		ids, n = appendJSONIDs(&b, ids, ackChunk)
+		ids, n = appendJSONIDs(&b, ids, mids, ackChunk)
+		mids = mids[n:]
 		if _, err := ex.ExecContext(ctx, s.ackStatement(b.String())); err != nil {
 			return fmt.Errorf("acknowledge %d rows of %s (%s): %w", n, s.cfg.Table, s.cfg.OnDelivered, err)
 		}
@@ -230,20 +249,22 @@ func (s *Store) AckRows(ctx context.Context, ex Execer, ids []ordering.Range, fa
 	return nil
 }
 
-// ackStatement deletes (or marks) the rows whose ids are in the JSON array
-// list. The ids are integers, inlined: no prepare round trip.
+// ackStatement deletes (or marks) the rows whose (id, message id) pairs are
+// in the JSON array list ([[id,"hex message id"],...]). The values are
+// integers and hex digits, inlined: no prepare round trip.
 func (s *Store) ackStatement(list string) string {
-	from := "JSON_TABLE('" + list + "', '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS acked" +
-		" STRAIGHT_JOIN `" + s.cfg.Table + "` AS o ON o.id = acked.id"
+	from := "JSON_TABLE('" + list + "', '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$[0]', mid CHAR(32) PATH '$[1]')) AS acked" +
+		" STRAIGHT_JOIN `" + s.cfg.Table + "` AS o ON o.id = acked.id AND o.message_id = UNHEX(acked.mid)"
 	if s.cfg.OnDelivered == Mark {
 		return "UPDATE " + from + " SET o.delivered_at = NOW(6) WHERE o.delivered_at IS NULL"
 	}
 	return "DELETE o FROM " + from
 }
 
-// appendJSONIDs writes up to limit ids of rs as a JSON array to b and
-// returns the ranges left and how many ids it wrote. rs is not modified.
-func appendJSONIDs(b *strings.Builder, rs []ordering.Range, limit int) ([]ordering.Range, int) {
+// appendJSONIDs writes up to limit rows of rs, with their message ids from
+// mids (in rs' order), as a JSON array of [id,"hex"] pairs to b and returns
+// the ranges left and how many rows it wrote. rs is not modified.
+func appendJSONIDs(b *strings.Builder, rs []ordering.Range, mids []outbox.MessageID, limit int) ([]ordering.Range, int) {
 	n := 0
 	b.WriteByte('[')
 	for len(rs) > 0 && n < limit {
@@ -253,7 +274,11 @@ func appendJSONIDs(b *strings.Builder, rs []ordering.Range, limit int) ([]orderi
 			if n > 0 {
 				b.WriteByte(',')
 			}
+			b.WriteByte('[')
 			b.WriteString(strconv.FormatUint(id, 10))
+			b.WriteString(`,"`)
+			b.WriteString(hex.EncodeToString(mids[n][:]))
+			b.WriteString(`"]`)
 			n++
 		}
 		if lo+take > hi {

@@ -132,7 +132,7 @@ func TestAckStoresFailedRowWithLongNonASCIIReason(t *testing.T) {
 			e := newAckEnv(ctx, t)
 			recs := e.insert(ctx, t, 3, 10)
 			pos := position.Position{Flavor: "mariadb", GTIDSet: "0-1-42"}
-			err := e.store.Ack(ctx, e.epoch, checkpoint.Ack{Pos: pos, HasPos: true, Mode: "binlog", IDs: idsOf(recs),
+			err := e.store.Ack(ctx, e.epoch, checkpoint.Ack{Pos: pos, HasPos: true, Mode: "binlog", IDs: idsOf(recs), MessageIDs: midsOf(recs),
 				Failed: []ordering.Failure{{Record: recs[1], Reason: reason}}})
 			if err != nil {
 				t.Fatalf("acknowledge 3 rows, one failed with a %d-byte reason: %v", len(reason), err)
@@ -167,7 +167,7 @@ func TestAckStoresUnstorableFailedRowWithoutBlockingOthers(t *testing.T) {
 	e := newAckEnv(ctx, t)
 	recs := e.insert(ctx, t, 3, 10)
 	recs[0].Headers = []byte(`{"a":`)
-	err := e.store.Ack(ctx, e.epoch, checkpoint.Ack{Mode: "binlog", IDs: idsOf(recs), Failed: []ordering.Failure{
+	err := e.store.Ack(ctx, e.epoch, checkpoint.Ack{Mode: "binlog", IDs: idsOf(recs), MessageIDs: midsOf(recs), Failed: []ordering.Failure{
 		{Record: recs[0], Reason: "bad outbox record: headers are not valid JSON: unexpected EOF"},
 		{Record: recs[1], Reason: "returned: NO_ROUTE"},
 	}})
@@ -209,7 +209,7 @@ func TestAckRecordsFailedRowOnce(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	e := newAckEnv(ctx, t)
 	recs := e.insert(ctx, t, 2, 10)
-	a := checkpoint.Ack{Mode: "binlog", IDs: idsOf(recs), Failed: []ordering.Failure{{Record: recs[0], Reason: "returned: NO_ROUTE"}}}
+	a := checkpoint.Ack{Mode: "binlog", IDs: idsOf(recs), MessageIDs: midsOf(recs), Failed: []ordering.Failure{{Record: recs[0], Reason: "returned: NO_ROUTE"}}}
 	for i := range 2 {
 		if err := e.store.Ack(ctx, e.epoch, a); err != nil {
 			t.Fatalf("acknowledgement #%d: %v", i+1, err)
@@ -245,7 +245,7 @@ func TestAckLetsHeartbeatThroughMidway(t *testing.T) {
 		defer wg.Done()
 		defer close(ackDone)
 		began := time.Now()
-		ackErr = e.store.Ack(ctx, e.epoch, checkpoint.Ack{HasPos: true, Mode: "binlog", IDs: idsOf(recs),
+		ackErr = e.store.Ack(ctx, e.epoch, checkpoint.Ack{HasPos: true, Mode: "binlog", IDs: idsOf(recs), MessageIDs: midsOf(recs),
 			Pos: position.Position{Flavor: "mariadb", GTIDSet: "0-1-7"}})
 		ackTook = time.Since(began)
 	}()

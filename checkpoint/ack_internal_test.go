@@ -7,21 +7,25 @@ import (
 	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/ordering"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 func TestAppendJSONIDsSplitsRangesIntoChunks(t *testing.T) {
 	in := []ordering.Range{{Lo: 1, Hi: 3}, {Lo: 7, Hi: 7}, {Lo: 10, Hi: 14}}
 	orig := slices.Clone(in)
+	mids := make([]outbox.MessageID, ordering.Count(in))
+	mids[0][15] = 1 // the first row's message id ...01
 	var got []string
 	total := 0
 	for rs := in; len(rs) > 0; {
 		var b strings.Builder
 		var n int
-		rs, n = appendJSONIDs(&b, rs, 4)
+		rs, n = appendJSONIDs(&b, rs, mids[total:], 4)
 		got = append(got, b.String())
 		total += n
 	}
-	want := []string{"[1,2,3,7]", "[10,11,12,13]", "[14]"}
+	z := `,"00000000000000000000000000000000"]`
+	want := []string{`[[1,"00000000000000000000000000000001"]` + ",[2" + z + ",[3" + z + ",[7" + z + "]", "[[10" + z + ",[11" + z + ",[12" + z + ",[13" + z + "]", "[[14" + z + "]"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("chunks %q, want %q", got, want)
 	}

@@ -68,7 +68,7 @@ func TestAckRowsLocksOnlyItsRowsWhenStatisticsSayEmpty(t *testing.T) {
 			defer tx.Rollback()
 			// Rows on both sides of a gap, as a poll round's heads are.
 			acked := []ordering.Range{{Lo: lo + 200, Hi: lo + 229}, {Lo: lo + 250, Hi: lo + 250}, {Lo: lo + 260, Hi: lo + 262}}
-			if err := store.AckRows(ctx, tx, acked, nil); err != nil {
+			if err := store.AckRows(ctx, tx, acked, messageIDsOf(ctx, t, db.SQL, acked), nil); err != nil {
 				t.Fatalf("AckRows of rows no one else holds: %v", err)
 			}
 			if err := tx.Commit(); err != nil {

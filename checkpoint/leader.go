@@ -7,57 +7,228 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // ErrHeld means another relay instance of the same name holds leadership;
-// this one is a standby and should try again later.
+// this one is a standby and should try again later. Acquire returns it as a
+// *HeldError.
 var ErrHeld = errors.New("another instance holds leadership")
 
-// Leader is held leadership of one relay name. The MySQL user lock lives on a
-// dedicated connection: if that connection dies the server releases the lock,
-// so losing it must stop publishing at once — Lost is closed then.
-type Leader struct {
-	store *Store
-	conn  *sql.Conn
-	epoch int64
+// ErrLeaseExpired means this leader has not renewed its lease in time (its
+// process was stopped, or the database did not answer its heartbeats): a
+// standby may already have taken over, so it must not publish anything more.
+var ErrLeaseExpired = errors.New("leadership lease expired without a heartbeat")
 
-	lost     chan struct{}
-	stop     chan struct{}
-	done     chan struct{}
-	mu       sync.Mutex
-	err      error
-	stopOnce sync.Once
+// HeldError is ErrHeld with what a standby saw of the leader.
+type HeldError struct {
+	Leader string        // leader_instance of the progress row
+	Age    time.Duration // how old the leader's heartbeat is, by the server's clock
+	Lease  time.Duration
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("%s (%s, heartbeat %v old)", ErrHeld, e.Leader, e.Age.Round(time.Millisecond))
+}
+
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// Leader is held leadership of one relay name.
+//
+// Leadership is two things taken together: the MySQL user lock
+// GET_LOCK('outbox-relay:<name>') on a dedicated connection, and a new epoch
+// in the progress row, which fences every write of an older leader. It is
+// kept by a heartbeat on the lock connection every HeartbeatInterval, and it
+// is a lease: a leader is valid only until LeaderLease after the start of its
+// last successful heartbeat (its own monotonic clock), while a standby takes
+// over only once the stored heartbeat is older than LeaderLease by the
+// server's clock. The stored heartbeat is written after the leader started
+// it, so the leader's lease always ends before a standby may take over.
+//
+// Between heartbeats the lock connection is kept busy in DO SLEEP: a killed
+// or cut connection ends that wait at once, so a lost lock is noticed at once
+// (a silently stalled network at the wait's deadline).
+type Leader struct {
+	store    *Store
+	conn     *sql.Conn
+	connID   int64
+	epoch    int64
+	takeover string
+
+	lost       chan struct{}
+	stopCtx    context.Context
+	stop       context.CancelFunc
+	done       chan struct{}
+	expiry     *time.Timer
+	mu         sync.Mutex
+	err        error
+	validUntil time.Time
+	stopOnce   sync.Once
 }
 
 func (s *Store) lockName() string { return "outbox-relay:" + s.cfg.RelayName }
 
-// Acquire takes leadership without waiting: ErrHeld when another instance has
-// it. On success the epoch in the progress row is one more than any earlier
-// leader's, and a heartbeat runs until Release or loss.
+// Acquire takes leadership without waiting: a *HeldError (errors.Is
+// ErrHeld) when another instance has it. A leader whose stored heartbeat is
+// older than LeaderLease is taken over: its lock connection is killed (the
+// relay's user may kill its own connections) and the lock taken. On success
+// the epoch in the progress row is one more than any earlier leader's, and a
+// heartbeat runs until Release or loss.
 func (s *Store) Acquire(ctx context.Context) (*Leader, error) {
-	if _, err := s.Load(ctx); err != nil { // make sure the row exists
+	if err := s.ensureRow(ctx); err != nil {
 		return nil, err
 	}
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("open leadership connection: %w", err)
 	}
-	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", s.lockName()).Scan(&got); err != nil {
+	l := &Leader{store: s, conn: conn, lost: make(chan struct{}), done: make(chan struct{})}
+	if err := l.lock(ctx); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("take lock %q: %w", s.lockName(), err)
+		return nil, err
 	}
-	if !got.Valid || got.Int64 != 1 {
-		conn.Close()
-		return nil, ErrHeld
+	sent := time.Now()
+	if l.takeover != "" {
+		// The stale leader may have been stopped inside a transaction that
+		// locks the progress row (an acknowledgement's fence): end it, or
+		// the epoch bump would wait for it as long as it is stopped.
+		stopKilling := l.killBlockers(ctx)
+		defer stopKilling()
 	}
-	l := &Leader{store: s, conn: conn, lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	if err := l.bumpEpoch(ctx); err != nil {
 		conn.Close()
 		return nil, err
 	}
+	l.stopCtx, l.stop = context.WithCancel(context.Background())
+	l.validUntil = sent.Add(s.validity())
+	l.expiry = time.AfterFunc(s.validity(), func() { l.fail(ErrLeaseExpired) })
 	go l.heartbeat()
 	return l, nil
+}
+
+// ensureRow creates the progress row if it is missing. A plain read
+// first: INSERT IGNORE of an existing row waits for a lock on it, which a
+// stopped leader's transaction may hold for as long as it is stopped.
+func (s *Store) ensureRow(ctx context.Context) error {
+	var one int
+	err := s.db.QueryRowContext(ctx, "SELECT 1 FROM outbox_relay_progress WHERE relay_name = ?", s.cfg.RelayName).Scan(&one)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("read progress row for relay %q: %w", s.cfg.RelayName, err)
+	}
+	_, err = s.Load(ctx)
+	return err
+}
+
+// validity is how long after the start of a successful heartbeat a leader
+// may go on: the lease less a tenth for the rates of two clocks.
+func (s *Store) validity() time.Duration { return s.cfg.LeaderLease - s.cfg.LeaderLease/10 }
+
+// lock takes the user lock on l.conn, taking over from a leader whose
+// heartbeat is older than the lease.
+func (l *Leader) lock(ctx context.Context) error {
+	s := l.store
+	if err := l.conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&l.connID); err != nil {
+		return fmt.Errorf("take lock %q: %w", s.lockName(), err)
+	}
+	if ok, err := l.getLock(ctx, 0); err != nil || ok {
+		return err
+	}
+	var (
+		holder sql.NullInt64
+		leader sql.NullString
+		ageUS  sql.NullInt64
+	)
+	if err := l.conn.QueryRowContext(ctx, `SELECT IS_USED_LOCK(?), leader_instance,
+		TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, NOW(6)) FROM outbox_relay_progress WHERE relay_name = ?`,
+		s.lockName(), s.cfg.RelayName).Scan(&holder, &leader, &ageUS); err != nil {
+		return fmt.Errorf("read the leader of relay %q: %w", s.cfg.RelayName, err)
+	}
+	age := time.Duration(ageUS.Int64) * time.Microsecond
+	held := &HeldError{Leader: leader.String, Age: age, Lease: s.cfg.LeaderLease}
+	if !holder.Valid {
+		return held // released in between: the next attempt takes it
+	}
+	if ageUS.Valid && age <= s.cfg.LeaderLease {
+		return held
+	}
+	// The leader's lease has expired (it cannot publish any more, see
+	// Leader) but its connection still holds the lock: a stopped or hung
+	// process. End that connection; the server then releases the lock.
+	if _, err := l.conn.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", holder.Int64)); err != nil {
+		var me *mysql.MySQLError
+		if !errors.As(err, &me) || me.Number != 1094 { // 1094: gone already
+			return fmt.Errorf("take over relay %q from %s (heartbeat %v old): kill its lock connection %d: %w",
+				s.cfg.RelayName, leader.String, age.Round(time.Millisecond), holder.Int64, err)
+		}
+	}
+	ok, err := l.getLock(ctx, 5)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return held // another standby was quicker
+	}
+	l.takeover = fmt.Sprintf("took over from %s, whose heartbeat was %v old (lease %v)",
+		leader.String, age.Round(time.Millisecond), s.cfg.LeaderLease)
+	return nil
+}
+
+// killBlockers, while the epoch bump of a takeover runs, kills the
+// connections whose transactions make it wait more than a moment: the
+// stale leader's (its lease has expired, so it must not commit anything
+// any more). It needs the PROCESS privilege to see them; without it the
+// bump waits for innodb_lock_wait_timeout and the takeover is retried.
+// The returned function stops it and waits for it.
+func (l *Leader) killBlockers(ctx context.Context) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			rows, err := l.store.db.QueryContext(ctx, `SELECT DISTINCT b.trx_mysql_thread_id
+				FROM information_schema.INNODB_LOCK_WAITS w
+				JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id
+				JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id
+				WHERE r.trx_mysql_thread_id = ?`, l.connID)
+			if err != nil {
+				return
+			}
+			var ids []int64
+			for rows.Next() {
+				var id int64
+				if rows.Scan(&id) == nil {
+					ids = append(ids, id)
+				}
+			}
+			rows.Close()
+			for _, id := range ids {
+				_, _ = l.store.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id))
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+func (l *Leader) getLock(ctx context.Context, waitSeconds int) (bool, error) {
+	var got sql.NullInt64
+	if err := l.conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", l.store.lockName(), waitSeconds).Scan(&got); err != nil {
+		return false, fmt.Errorf("take lock %q: %w", l.store.lockName(), err)
+	}
+	return got.Valid && got.Int64 == 1, nil
 }
 
 func (l *Leader) bumpEpoch(ctx context.Context) error {
@@ -77,8 +248,22 @@ func (l *Leader) bumpEpoch(ctx context.Context) error {
 // Epoch is this leader's fencing token.
 func (l *Leader) Epoch() int64 { return l.epoch }
 
-// Lost is closed when leadership is lost (the lock connection failed or the
-// progress row moved to a newer epoch). Err says why.
+// TookOver describes the stale leader this one took over from; "" when the
+// lock was free.
+func (l *Leader) TookOver() string { return l.takeover }
+
+// Valid reports whether this leader may publish now: leadership not lost
+// and the lease not expired. Check it after reading a row and before
+// publishing it: a row read after a stop longer than the lease is then never
+// published by this (stale) leader.
+func (l *Leader) Valid() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err == nil && time.Now().Before(l.validUntil)
+}
+
+// Lost is closed when leadership is lost (the lock connection failed, the
+// lease expired or the progress row moved to a newer epoch). Err says why.
 func (l *Leader) Lost() <-chan struct{} { return l.lost }
 
 // Err is why leadership was lost, nil while it is held.
@@ -103,22 +288,39 @@ func (l *Leader) fail(err error) {
 	}
 }
 
-// heartbeat proves the lock connection alive and the epoch still ours. A
-// silent network drop is caught by the per-beat timeout.
+// renew extends the lease after a successful heartbeat started at sent.
+func (l *Leader) renew(sent time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return
+	}
+	l.validUntil = sent.Add(l.store.validity())
+	l.expiry.Reset(time.Until(l.validUntil))
+}
+
+// heartbeat proves the lock connection alive and the epoch still ours, and
+// renews the lease. Between beats it waits in DO SLEEP on the lock
+// connection, so the connection's end is seen at once.
 func (l *Leader) heartbeat() {
 	defer close(l.done)
 	s := l.store
-	t := time.NewTicker(s.cfg.HeartbeatInterval)
-	defer t.Stop()
+	iv := s.cfg.HeartbeatInterval
 	for {
-		select {
-		case <-l.stop:
-			return
-		case <-t.C:
+		ctx, cancel := context.WithTimeout(l.stopCtx, 2*iv)
+		_, err := l.conn.ExecContext(ctx, fmt.Sprintf("DO SLEEP(%.3f)", iv.Seconds()))
+		cancel()
+		if l.Err() != nil {
+			return // released, or lost elsewhere
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*s.cfg.HeartbeatInterval)
+		if err != nil && !isInterrupted(err) {
+			l.fail(fmt.Errorf("leadership connection of relay %q: %w", s.cfg.RelayName, err))
+			return
+		}
+		sent := time.Now()
+		ctx, cancel = context.WithTimeout(l.stopCtx, 2*iv)
 		var epoch int64
-		_, err := l.conn.ExecContext(ctx, `UPDATE outbox_relay_progress SET leader_heartbeat = NOW(6)
+		_, err = l.conn.ExecContext(ctx, `UPDATE outbox_relay_progress SET leader_heartbeat = NOW(6)
 			WHERE relay_name = ? AND epoch = ?`, s.cfg.RelayName, l.epoch)
 		if err == nil {
 			err = l.conn.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?",
@@ -126,6 +328,8 @@ func (l *Leader) heartbeat() {
 		}
 		cancel()
 		switch {
+		case l.Err() != nil:
+			return
 		case err != nil:
 			l.fail(fmt.Errorf("leadership heartbeat of relay %q: %w", s.cfg.RelayName, err))
 			return
@@ -133,7 +337,15 @@ func (l *Leader) heartbeat() {
 			l.fail(ErrFenced)
 			return
 		}
+		l.renew(sent)
 	}
+}
+
+// isInterrupted is a statement ended by KILL QUERY (Release does that to end
+// the wait); the connection is fine.
+func isInterrupted(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1317
 }
 
 // Release gives leadership up: stops the heartbeat, releases the lock and
@@ -141,10 +353,17 @@ func (l *Leader) heartbeat() {
 func (l *Leader) Release(ctx context.Context) error {
 	var err error
 	l.stopOnce.Do(func() {
-		close(l.stop)
-		<-l.done
 		l.fail(errors.New("leadership released"))
-		if _, e := l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", l.store.lockName()); e != nil && !errors.Is(e, sql.ErrConnDone) {
+		l.expiry.Stop()
+		// End the heartbeat's wait without closing the lock connection, so
+		// the lock can be released at once; if that fails, cancelling
+		// closes the connection, which releases it too.
+		kctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, _ = l.store.db.ExecContext(kctx, fmt.Sprintf("KILL QUERY %d", l.connID))
+		cancel()
+		l.stop()
+		<-l.done
+		if _, e := l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", l.store.lockName()); e != nil && !errors.Is(e, sql.ErrConnDone) && !errors.Is(e, mysql.ErrInvalidConn) {
 			err = fmt.Errorf("release lock %q: %w", l.store.lockName(), e)
 		}
 		l.conn.Close()

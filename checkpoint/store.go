@@ -28,6 +28,7 @@ type Config struct {
 	OnDelivered       string        // Delete (default) or Mark
 	Instance          string        // leader_instance; default host:pid
 	HeartbeatInterval time.Duration // leadership heartbeat; default 2s
+	LeaderLease       time.Duration // a leader without a heartbeat this long is taken over; default 10s (or 5 heartbeats if longer), at least 3 heartbeats
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}$`)
@@ -59,6 +60,13 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = 2 * time.Second
+	}
+	if c.LeaderLease <= 0 {
+		c.LeaderLease = max(10*time.Second, 5*c.HeartbeatInterval)
+	}
+	if c.LeaderLease < 3*c.HeartbeatInterval {
+		return fmt.Errorf("leader lease %v is shorter than 3 heartbeat intervals (%v): a leader would lose it between two heartbeats",
+			c.LeaderLease, 3*c.HeartbeatInterval)
 	}
 	return nil
 }

@@ -23,13 +23,29 @@ type Failure struct {
 // be acknowledged (deleted or marked) before the position moves past their
 // transaction, never the other way round.
 type Batch[P any] struct {
-	Pos         P         // position after the last resolved transaction; valid when HasPos
-	HasPos      bool      // false when no transaction was resolved since the last batch
-	IDs         []Range   // rows published with any outcome: delete or mark them
+	Pos    P       // position after the last resolved transaction; valid when HasPos
+	HasPos bool    // false when no transaction was resolved since the last batch
+	IDs    []Range // rows published with any outcome: delete or mark them
+	// MessageIDs holds the message id of each row of IDs, in the order IDs
+	// lists them (its ranges in turn, each ascending): rows are
+	// acknowledged by (id, message_id), never by id alone, because a lossy
+	// failover can hand an acknowledged id to another message.
+	MessageIDs []outbox.MessageID
+	// Resolved lists the transactions the batch resolved (those HasPos moves
+	// past), oldest first: each one's position and the message ids of its
+	// rows (none for a run of foreign transactions). The relay keeps the
+	// last few to name the messages a lossy failover lost.
+	Resolved    []Resolved[P]
 	Failed      []Failure // the subset that goes to outbox_failed
 	LastEventAt time.Time // created_at of the newest row in the batch
 	Txns        int       // transactions resolved, outbox or foreign
 	Bytes       int64     // what the rows still hold of the budget: Release it once acknowledged
+}
+
+// Resolved is one transaction of Batch.Resolved.
+type Resolved[P any] struct {
+	Pos        P
+	MessageIDs []outbox.MessageID
 }
 
 // Rows is the number of rows the batch acknowledges.
@@ -52,6 +68,8 @@ func (b *Batch[P]) Merge(later Batch[P]) {
 		}
 		b.IDs = append(b.IDs, r)
 	}
+	b.MessageIDs = append(b.MessageIDs, later.MessageIDs...)
+	b.Resolved = append(b.Resolved, later.Resolved...)
 	b.Failed = append(b.Failed, later.Failed...)
 	if later.LastEventAt.After(b.LastEventAt) {
 		b.LastEventAt = later.LastEventAt
@@ -76,6 +94,7 @@ type txn[P any] struct {
 	closed  bool
 	pending int // rows without an outcome
 	rows    int // rows read
+	mids    []outbox.MessageID
 }
 
 // Tracker follows transactions in binlog order from the moment their rows are
@@ -104,7 +123,7 @@ type Tracker[P any] struct {
 	open     *txn[P]
 
 	// Rows with an outcome that Take has not handed out yet.
-	done      []Range
+	done      []doneRow
 	failed    []Failure
 	doneBytes int64
 	doneAt    time.Time
@@ -139,6 +158,7 @@ func (t *Tracker[P]) Add(ctx context.Context, rec *outbox.Record) (*Ticket[P], e
 			tx := t.open
 			tx.pending++
 			tx.rows++
+			tx.mids = append(tx.mids, rec.MessageID)
 			t.bytes += size
 			t.inflight++
 			t.mu.Unlock()
@@ -167,7 +187,7 @@ func (t *Tracker[P]) Done(tk *Ticket[P], delivered bool, reason string) {
 		t.failed = append(t.failed, Failure{Record: rec, Reason: reason})
 		kept += int64(len(reason))
 	}
-	t.done = addID(t.done, rec.ID)
+	t.done = append(t.done, doneRow{rec.ID, rec.MessageID})
 	if rec.CreatedAt.After(t.doneAt) {
 		t.doneAt = rec.CreatedAt
 	}
@@ -250,12 +270,13 @@ func (t *Tracker[P]) Take() (b Batch[P], ok bool) {
 	n := 0
 	for n < len(t.queue) && t.queue[n].closed && t.queue[n].pending == 0 {
 		b.Pos, b.HasPos = t.queue[n].pos, true
+		b.Resolved = append(b.Resolved, Resolved[P]{Pos: t.queue[n].pos, MessageIDs: t.queue[n].mids})
 		t.queue[n] = nil
 		n++
 	}
 	t.queue = t.queue[n:]
 	b.Txns = n
-	b.IDs = coalesce(t.done)
+	b.IDs, b.MessageIDs = rowsOf(t.done)
 	b.Failed, b.Bytes, b.LastEventAt = t.failed, t.doneBytes, t.doneAt
 	t.done, t.failed, t.doneBytes, t.doneAt = nil, nil, 0, time.Time{}
 	return b, !b.Empty()
@@ -299,19 +320,24 @@ func (t *Tracker[P]) WaitIdle(ctx context.Context) error {
 	}
 }
 
-// coalesce sorts rs by Lo and merges adjacent ranges, in place.
-func coalesce(rs []Range) []Range {
-	if len(rs) < 2 {
-		return rs
+// doneRow is a row with an outcome: what acknowledging it needs.
+type doneRow struct {
+	id  uint64
+	mid outbox.MessageID
+}
+
+// rowsOf sorts rows by id (in place) and returns them as ranges and the
+// message ids in the same order, as Batch holds them.
+func rowsOf(rows []doneRow) ([]Range, []outbox.MessageID) {
+	if len(rows) == 0 {
+		return nil, nil
 	}
-	slices.SortFunc(rs, func(a, b Range) int { return cmp.Compare(a.Lo, b.Lo) })
-	out := rs[:1]
-	for _, r := range rs[1:] {
-		if last := &out[len(out)-1]; r.Lo <= last.Hi+1 {
-			last.Hi = max(last.Hi, r.Hi)
-			continue
-		}
-		out = append(out, r)
+	slices.SortFunc(rows, func(a, b doneRow) int { return cmp.Compare(a.id, b.id) })
+	var rs []Range
+	mids := make([]outbox.MessageID, len(rows))
+	for i, r := range rows {
+		rs = addID(rs, r.id)
+		mids[i] = r.mid
 	}
-	return out
+	return rs, mids
 }

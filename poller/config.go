@@ -2,9 +2,10 @@ package poller
 
 import (
 	"fmt"
-	"github.com/outbox-relay/outbox-relay/metrics"
 	"regexp"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/metrics"
 
 	"go.uber.org/zap"
 

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/ordering"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // TestExplainPlans prints the EXPLAIN plan and the best-of-5 time of each
@@ -100,7 +101,7 @@ func ackStatement(t *testing.T, db *sql.DB, onDelivered string, ids []ordering.R
 		t.Fatal(err)
 	}
 	var rec recordExec
-	if err := store.AckRows(context.Background(), &rec, ids, nil); err != nil || len(rec.queries) != 1 {
+	if err := store.AckRows(context.Background(), &rec, ids, make([]outbox.MessageID, ordering.Count(ids)), nil); err != nil || len(rec.queries) != 1 {
 		t.Fatalf("AckRows ran %d statements (%v), want 1", len(rec.queries), err)
 	}
 	return rec.queries[0]

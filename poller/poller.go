@@ -5,11 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/outbox-relay/outbox-relay/internal/backoff"
-	"github.com/outbox-relay/outbox-relay/metrics"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/metrics"
 
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
@@ -591,10 +592,11 @@ func outcome(items []*item) []ordering.Failure {
 // rows (AckRows says why that needs care).
 func (p *Poller) ack(ctx context.Context, tx *sql.Tx, recs []*outbox.Record, failed []ordering.Failure) error {
 	ids := make([]uint64, len(recs))
+	mids := make([]outbox.MessageID, len(recs))
 	for i, r := range recs {
-		ids[i] = r.ID
+		ids[i], mids[i] = r.ID, r.MessageID
 	}
-	return p.store.AckRows(ctx, tx, ordering.RangesOf(ids), failed)
+	return p.store.AckRows(ctx, tx, ordering.RangesOf(ids), mids, failed)
 }
 
 // fatal reports whether retrying cannot help: leadership lost, the

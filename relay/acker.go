@@ -99,7 +99,7 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	}
 	ack := checkpoint.Ack{
 		Pos: b.Pos, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: p.mode.Load().(string),
-		IDs: b.IDs, Failed: b.Failed, LastEventAt: b.LastEventAt,
+		IDs: b.IDs, MessageIDs: b.MessageIDs, Failed: b.Failed, LastEventAt: b.LastEventAt,
 	}
 	if err := p.r.store.Ack(ctx, p.epoch, ack); err != nil {
 		return err
@@ -109,7 +109,9 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	m.MessagesFailed(len(ack.Failed))
 	if ack.HasPos {
 		p.ackedPos = b.Pos
+		p.r.notePublished(b.Pos)
 	}
+	p.r.noteResolved(b.Resolved)
 	if !b.LastEventAt.IsZero() {
 		p.lastEventAt = b.LastEventAt
 	}

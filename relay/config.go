@@ -36,6 +36,7 @@ type Config struct {
 	MaxAttempts      int   // broker nacks before a message goes to outbox_failed; default 5
 
 	HeartbeatInterval  time.Duration // leadership heartbeat; default 2s
+	LeaderLease        time.Duration // a leader without a heartbeat this long is taken over by a standby; default 10s (or 5 heartbeats if longer), at least 3 heartbeats
 	CheckpointInterval time.Duration // how often an idle relay moves its position past foreign transactions; default 30s
 	StandbyRetry       time.Duration // how often a standby tries to take leadership; default 5s
 	ShutdownTimeout    time.Duration // how long SIGTERM waits for in-flight confirms; default 30s
@@ -53,6 +54,12 @@ type Config struct {
 	// term (shutdown or leadership lost); it must return soon after.
 	Maintenance         func(ctx context.Context)
 	MaintenanceInterval time.Duration
+	// AcceptLostGTIDs lets a relay resume on a server that lacks
+	// transactions it already published (a lossy failover, design §6):
+	// it delivers what is pending and tails from the server's own position,
+	// logging at WARN what is skipped. Without it such a server is a
+	// *LostGTIDsError.
+	AcceptLostGTIDs bool
 }
 
 // ConfigError is a configuration or server-setup problem that retrying will
@@ -113,7 +120,12 @@ func (c *Config) Validate() error {
 	setDefault(&c.MaxAttempts, 5)
 	setDefault(&c.HeartbeatInterval, 2*time.Second)
 	setDefault(&c.CheckpointInterval, 30*time.Second)
-	setDefault(&c.StandbyRetry, 5*time.Second)
+	setDefault(&c.LeaderLease, max(10*time.Second, 5*c.HeartbeatInterval))
+	if c.LeaderLease < 3*c.HeartbeatInterval {
+		return bad("leader-lease %v: at least 3 heartbeat intervals (%v), or a leader loses it between two heartbeats", c.LeaderLease, 3*c.HeartbeatInterval)
+	}
+	// A standby looks often enough to take over soon after the lease ends.
+	setDefault(&c.StandbyRetry, min(5*time.Second, c.LeaderLease/4))
 	setDefault(&c.ShutdownTimeout, 30*time.Second)
 	if c.MaxInflightBytes < 1<<20 {
 		return bad("max-inflight-bytes %d is below 1 MiB", c.MaxInflightBytes)

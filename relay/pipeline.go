@@ -222,6 +222,13 @@ func (p *pipeline) onResult(res publish.Result) {
 func (p *pipeline) runLane(ctx context.Context, i int) error {
 	ch := p.channels[i]
 	for item := range p.queues[i] {
+		// After reading, before publishing: a row read once the lease has
+		// expired (this process was stopped, a standby may lead) is never
+		// published by this leader.
+		if !p.leader.Valid() {
+			p.leader.Lose(checkpoint.ErrLeaseExpired)
+			return fmt.Errorf("lane %d: %w", i, checkpoint.ErrLeaseExpired)
+		}
 		if err := ch.Publish(ctx, item.msg); err != nil {
 			return fmt.Errorf("lane %d: %w", i, err)
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // Relay publishes one outbox table's rows to RabbitMQ.
@@ -32,6 +34,15 @@ type Relay struct {
 	mode    atomic.Value // string: the mode of the current term
 
 	notReady atomic.Value // string: why the relay is not ready ("" when a healthy standby)
+
+	// published is the newest position this process acknowledged, kept
+	// across reconnects and leader terms: the failover check (checkNotLost)
+	// compares it with each server it resumes on.
+	publishedMu  sync.Mutex
+	published    position.Position
+	recent       []recentTxn       // the latest acknowledged transactions with rows (noteResolved)
+	recentRows   int               // message ids in recent
+	lastResolved position.Position // position of the last transaction noteResolved saw
 }
 
 // Ready is nil when the relay does its job: it leads and delivers (tails the
@@ -87,7 +98,7 @@ func New(cfg Config) (*Relay, error) {
 	port, _ := strconv.Atoi(portStr)
 	store, err := checkpoint.New(db, checkpoint.Config{
 		RelayName: cfg.RelayName, Table: cfg.Table, OnDelivered: cfg.OnDelivered,
-		Instance: cfg.Instance, HeartbeatInterval: cfg.HeartbeatInterval,
+		Instance: cfg.Instance, HeartbeatInterval: cfg.HeartbeatInterval, LeaderLease: cfg.LeaderLease,
 	})
 	if err != nil {
 		db.Close()
@@ -126,8 +137,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		case errors.Is(err, checkpoint.ErrHeld):
 			r.notReady.Store("")
 			m.SetMode("")
-			r.log.Info("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName))
-			if !backoff.Sleep(ctx, r.cfg.StandbyRetry) {
+			d := r.cfg.StandbyRetry
+			var held *checkpoint.HeldError
+			if errors.As(err, &held) {
+				r.log.Info("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName),
+					zap.String("leader", held.Leader), zap.Duration("heartbeat_age", held.Age))
+				// Look again just after the leader's lease would end.
+				if rest := held.Lease - held.Age + 100*time.Millisecond; rest > 0 && rest < d {
+					d = rest
+				}
+			}
+			if !backoff.Sleep(ctx, d) {
 				return nil
 			}
 			continue
@@ -141,7 +161,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		r.log.Info("leading", zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
+		if took := leader.TookOver(); took != "" {
+			r.log.Warn("leading: "+took, zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
+		} else {
+			r.log.Info("leading", zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
+		}
 		r.notReady.Store("leading, not yet delivering")
 		m.SetLeader(true)
 		started := time.Now()
@@ -206,5 +230,6 @@ func isFatal(err error) bool {
 	var cfgErr *ConfigError
 	var schemaErr *canal.SchemaError
 	var purged *canal.PurgedError
-	return errors.As(err, &cfgErr) || errors.As(err, &schemaErr) || errors.As(err, &purged)
+	var lost *LostGTIDsError
+	return errors.As(err, &cfgErr) || errors.As(err, &schemaErr) || errors.As(err, &purged) || errors.As(err, &lost)
 }

@@ -20,7 +20,15 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	r := p.r
 	h := &handler{p: p}
 	var from position.Position
-	if progress.Position.IsZero() || progress.Mode == "poll" {
+	st := progress.Position
+	stored := position.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)}
+	// A promoted replica, or a VIP that moved, may lack what was published:
+	// checked on every term, before anything is read (design §6).
+	lost, err := r.checkNotLost(ctx, stored)
+	if err != nil {
+		return err
+	}
+	if progress.Position.IsZero() || progress.Mode == "poll" || lost {
 		// First start (or the last leader polled): the stored position, if
 		// any, is older than what was delivered. Take the server's position
 		// Gs, deliver everything pending (the sweep), take Ge, and tail from
@@ -44,6 +52,8 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		// binlog write on, before its commit is visible, so that transaction
 		// could be in Gs yet invisible to the sweep (delivered by neither),
 		// or at or before Ge yet invisible to a pending check (skipped).
+		// After a lossy failover accepted with --accept-lost-gtids the
+		// stored position is no reference either: the same applies.
 		p.mode.Store("poll")
 		gs, err := canal.SnapshotPosition(ctx, r.db)
 		if err != nil {
@@ -71,12 +81,12 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 			p.mode.Store("binlog")
 		}
 	} else {
-		st := progress.Position
-		from = position.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)}
+		from = stored
 		if err := canal.CheckPosition(ctx, r.db, from); err != nil {
 			return positionError(err)
 		}
 	}
+	r.termStarts(from)
 	cc := r.canal
 	cc.OnRetry = func(err error, attempt int) {
 		r.cfg.Metrics.Reconnected(metrics.TargetBinlog)

@@ -62,7 +62,9 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 5, "broker nacks before a message goes to outbox_failed")
 	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", 30*time.Second, "how often an idle relay moves its stored position past other tables' transactions")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 2*time.Second, "leadership heartbeat")
+	fs.DurationVar(&cfg.LeaderLease, "leader-lease", 10*time.Second, "a leader whose heartbeat is older than this is taken over by a standby; at least 3 heartbeat intervals")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown waits for in-flight confirms")
+	fs.BoolVar(&cfg.AcceptLostGTIDs, "accept-lost-gtids", false, "resume on a server that lacks GTIDs this relay already published (a lossy failover): deliver what is pending there and tail from its own position")
 	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")
 	maint := declareMaintenance(fs)
 	return func(ctx context.Context, inv *invocation) error {
@@ -138,7 +140,8 @@ func (d driverLog) Print(v ...any) { d.log.Debug(strings.TrimSpace(fmt.Sprint(v.
 // asUsage turns the relay's configuration errors into exit code 2.
 func asUsage(err error) error {
 	var ce *relay.ConfigError
-	if errors.As(err, &ce) {
+	var lost *relay.LostGTIDsError
+	if errors.As(err, &ce) || errors.As(err, &lost) {
 		return &usageError{err}
 	}
 	return err

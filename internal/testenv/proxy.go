@@ -19,18 +19,18 @@ import (
 // listener, so "close every connection but keep accepting" (Cut) would refuse
 // connections for a moment and rebind the port.
 type FaultProxy struct {
-	t        testing.TB
-	addr     string // fixed at creation; kept across Disable/Enable
-	upstream string
+	t    testing.TB
+	addr string // fixed at creation; kept across Disable/Enable
 
-	mu      sync.Mutex
-	ln      net.Listener // nil while disabled
-	conns   map[*proxyConn]struct{}
-	latency time.Duration
-	stalled bool   // Stall: accept, forward nothing
-	cuts    uint64 // number of Cut calls: a connection accepted before one is not let through
-	closed  bool
-	wg      sync.WaitGroup // accept loops and copy goroutines
+	mu       sync.Mutex
+	upstream string       // Retarget changes it
+	ln       net.Listener // nil while disabled
+	conns    map[*proxyConn]struct{}
+	latency  time.Duration
+	stalled  bool   // Stall: accept, forward nothing
+	cuts     uint64 // number of Cut calls: a connection accepted before one is not let through
+	closed   bool
+	wg       sync.WaitGroup // accept loops and copy goroutines
 }
 
 // proxyConn is one proxied connection: the client side and the upstream side
@@ -86,6 +86,16 @@ func Proxy(t testing.TB, upstream string) *FaultProxy {
 // Addr returns the proxy's listening address (127.0.0.1:port); it stays the
 // same across Disable and Enable.
 func (p *FaultProxy) Addr() string { return p.addr }
+
+// Retarget sends new connections to upstream (host:port) from now on and
+// cuts the open ones, like a virtual IP or a proxy moved to another server
+// after a failover.
+func (p *FaultProxy) Retarget(upstream string) {
+	p.mu.Lock()
+	p.upstream = upstream
+	p.mu.Unlock()
+	p.Cut()
+}
 
 // Cut closes every open connection now (the peers see a reset); new
 // connections are still accepted. When Cut returns no connection opened
@@ -210,8 +220,9 @@ func (p *FaultProxy) accept(ln net.Listener) {
 			go p.pipe(c, client, io.Discard)
 			continue
 		}
+		target := p.upstream
 		p.mu.Unlock()
-		upstream, err := net.DialTimeout("tcp", p.upstream, proxyDialTimeout)
+		upstream, err := net.DialTimeout("tcp", target, proxyDialTimeout)
 		if err != nil {
 			// To the client this looks like the upstream closing at once.
 			_ = client.Close()

@@ -1,0 +1,330 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testload"
+	"github.com/outbox-relay/outbox-relay/internal/validator"
+)
+
+// Leadership flags of the failover tests: a short lease so a takeover
+// comes within seconds, and a heartbeat well inside it.
+const (
+	testLease     = 5 * time.Second
+	testHeartbeat = time.Second
+)
+
+func leaderFlags() []string {
+	return []string{"--leader-lease", testLease.String(), "--heartbeat-interval", testHeartbeat.String()}
+}
+
+// stop and cont freeze and thaw the process (SIGSTOP, SIGCONT): a hung
+// leader whose connections stay open.
+func (p *relayProc) stop() { p.signal(syscall.SIGSTOP) }
+func (p *relayProc) cont() { p.signal(syscall.SIGCONT) }
+
+func (p *relayProc) signal(sig syscall.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("send %v to the relay: %v", sig, err)
+	}
+}
+
+// epochDelivery is one delivery as the consumer saw it.
+type epochDelivery struct {
+	outboxID int64
+	epoch    int64
+	at       time.Time
+}
+
+// epochConsumer records every delivery's x-relay-epoch, x-outbox-id and
+// arrival time: who published what, and when.
+type epochConsumer struct {
+	mu sync.Mutex
+	ds []epochDelivery
+}
+
+func newEpochConsumer(t *testing.T, b *testenv.Broker) *epochConsumer {
+	t.Helper()
+	c := &epochConsumer{}
+	conn, err := amqp.Dial(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(2000, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(b.DeclareQueue(t, "#"), "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for d := range deliveries {
+			epoch, _ := d.Headers["x-relay-epoch"].(int64)
+			id, _ := d.Headers["x-outbox-id"].(int64)
+			c.mu.Lock()
+			c.ds = append(c.ds, epochDelivery{outboxID: id, epoch: epoch, at: time.Now()})
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+// count is the number of deliveries for which f holds.
+func (c *epochConsumer) count(f func(epochDelivery) bool) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, d := range c.ds {
+		if f(d) {
+			n++
+		}
+	}
+	return n
+}
+
+// first is the earliest delivery for which f holds.
+func (c *epochConsumer) first(f func(epochDelivery) bool) (epochDelivery, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, d := range c.ds {
+		if f(d) {
+			return d, true
+		}
+	}
+	return epochDelivery{}, false
+}
+
+// last is the latest delivery for which f holds.
+func (c *epochConsumer) last(f func(epochDelivery) bool) (epochDelivery, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := len(c.ds) - 1; i >= 0; i-- {
+		if f(c.ds[i]) {
+			return c.ds[i], true
+		}
+	}
+	return epochDelivery{}, false
+}
+
+// waitFor waits until at least n deliveries satisfy f.
+func (c *epochConsumer) waitFor(ctx context.Context, t *testing.T, what string, n int, f func(epochDelivery) bool) {
+	t.Helper()
+	for c.count(f) < n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %d deliveries %s: %d so far: %v", n, what, c.count(f), ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func ofEpoch(e int64) func(epochDelivery) bool {
+	return func(d epochDelivery) bool { return d.epoch == e }
+}
+
+func afterEpoch(e int64) func(epochDelivery) bool {
+	return func(d epochDelivery) bool { return d.epoch > e }
+}
+
+// failover is two relays of one name on one database, a producing stream,
+// and the consumers that judge the result.
+type failover struct {
+	t        *testing.T
+	ctx      context.Context
+	db       *testenv.DB
+	b        *testenv.Broker
+	v        *validator.Validator
+	seen     *epochConsumer
+	leader   *relayProc
+	standby  *relayProc
+	stopProd atomic.Bool
+	prodDone chan error
+}
+
+// startFailover starts the leader (its database DSN leaderDSN, "" for the
+// database's own), then a standby, then a steady producing stream that runs
+// until finish. Partition keys are each written by one producer, so commit
+// order per key is known.
+func startFailover(t *testing.T, ctx context.Context, db *testenv.DB, b *testenv.Broker, leaderDSN string) *failover {
+	t.Helper()
+	f := &failover{t: t, ctx: ctx, db: db, b: b, prodDone: make(chan error, 1)}
+	migrate(t, db.DSN)
+	f.v = consumeAll(t, b)
+	f.seen = newEpochConsumer(t, b)
+	args := relayArgs(db, b, leaderFlags()...)
+	if leaderDSN != "" {
+		args = slices.Clone(args)
+		args[slices.Index(args, db.DSN)] = leaderDSN
+	}
+	f.leader = newRelayProc(t, args...)
+	f.leader.start()
+	f.leader.waitLog(ctx, "leading")
+	f.standby = newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
+	f.standby.start()
+	f.standby.waitLog(ctx, "standby")
+	go func() {
+		// Rounds that each run to completion: every committed row is told
+		// to the validator, and the stream lasts as long as the test.
+		for !f.stopProd.Load() {
+			if err := testload.Run(ctx, db.SQL, f.v, testload.Load{
+				Producers: 4, Partitions: 40, Total: 400, Exchange: b.Exchange, Pace: 2 * time.Millisecond,
+			}); err != nil {
+				f.prodDone <- err
+				return
+			}
+		}
+		f.prodDone <- nil
+	}()
+	return f
+}
+
+// finish stops the stream and checks what users care about: every message
+// arrived, first deliveries in commit order per partition key, properties
+// right; duplicates are allowed (and returned).
+func (f *failover) finish() int {
+	t := f.t
+	t.Helper()
+	f.stopProd.Store(true)
+	select {
+	case err := <-f.prodDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-f.ctx.Done():
+		t.Fatalf("producers did not finish: %v", f.ctx.Err())
+	}
+	if err := f.v.WaitComplete(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.v.Check(validator.AtLeastOnce); err != nil {
+		t.Fatal(err)
+	}
+	return f.v.Duplicates()
+}
+
+// The leader is SIGKILLed under a producing stream: the standby takes over
+// within the lease, nothing is lost, order per key holds.
+func TestLeaderFailoverSIGKILL(t *testing.T) {
+	ctx := testenv.Context(t, 2*time.Minute)
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	f := startFailover(t, ctx, db, b, "")
+	e1 := progressEpoch(ctx, t, db)
+	f.seen.waitFor(ctx, t, "from the first leader", 500, ofEpoch(e1))
+
+	f.leader.kill()
+	killed := time.Now()
+	// The bounded wait is the assertion: the standby leads within the lease
+	// (plus slack for a loaded machine).
+	wctx, cancel := context.WithTimeout(ctx, testLease+10*time.Second)
+	f.standby.waitLog(wctx, "leading")
+	cancel()
+	f.seen.waitFor(ctx, t, "from the new leader", 200, afterEpoch(e1))
+	first, _ := f.seen.first(afterEpoch(e1))
+	dups := f.finish()
+	t.Logf("SIGKILL: first delivery of the new leader %v after the kill; %d duplicates",
+		first.at.Sub(killed).Round(time.Millisecond), dups)
+}
+
+// The leader is SIGSTOPped under a producing stream (its connections stay
+// open, its lock stays held): the standby takes over once the lease has
+// run out. Then the stale leader is woken: it publishes no row committed
+// after it was stopped under its old epoch, moves nothing in the progress
+// row, notices at once and becomes a standby.
+func TestLeaderFailoverSIGSTOP(t *testing.T) {
+	ctx := testenv.Context(t, 2*time.Minute)
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	f := startFailover(t, ctx, db, b, "")
+	e1 := progressEpoch(ctx, t, db)
+	f.seen.waitFor(ctx, t, "from the first leader", 500, ofEpoch(e1))
+
+	f.leader.stop()
+	stopped := time.Now()
+	// Every id from here on was allocated after the stop, so its row was
+	// committed after it.
+	var next int64
+	if err := db.SQL.QueryRowContext(ctx, `SELECT AUTO_INCREMENT FROM information_schema.TABLES
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox'`).Scan(&next); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, testLease+10*time.Second)
+	f.standby.waitLog(wctx, "took over")
+	cancel()
+	e2 := progressEpoch(ctx, t, db)
+	// Rows committed after the stop are now in the stale leader's binlog
+	// socket, waiting for it to read them.
+	f.seen.waitFor(ctx, t, "from the new leader", 500, func(d epochDelivery) bool { return d.epoch == e2 && d.outboxID >= next })
+	first, _ := f.seen.first(afterEpoch(e1))
+	oldBefore := f.seen.count(ofEpoch(e1))
+
+	f.leader.cont()
+	woke := time.Now()
+	f.leader.waitLog(ctx, "standby")
+	if e := progressEpoch(ctx, t, db); e != e2 {
+		t.Errorf("progress row at epoch %d after the stale leader woke, want %d (the new leader's)", e, e2)
+	}
+	dups := f.finish()
+	late := f.seen.count(func(d epochDelivery) bool { return d.epoch == e1 && d.outboxID >= next })
+	if late > 0 {
+		t.Errorf("the stale leader published %d rows committed after it was stopped (ids >= %d) under epoch %d", late, next, e1)
+	}
+	afterWake := f.seen.count(ofEpoch(e1)) - oldBefore
+	why := strings.TrimSpace(grepLines(f.leader.output(), "leadership"))
+	t.Logf("SIGSTOP: first delivery of the new leader %v after the stop; the stale leader published %d messages after waking "+
+		"(none committed after the stop), %d duplicates in all; woke at +%v; its log:\n%s",
+		first.at.Sub(stopped).Round(time.Millisecond), afterWake, dups, woke.Sub(stopped).Round(time.Millisecond), why)
+}
+
+// The leader's database connections go through a proxy that is cut and
+// then refuses connections: it stops publishing at once (it loses its lock
+// connection), the standby takes over, nothing is lost.
+func TestLeaderLosesLockConnection(t *testing.T) {
+	ctx := testenv.Context(t, 2*time.Minute)
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	proxy := testenv.Proxy(t, db.Host+":"+strconv.Itoa(db.Port))
+	dsn := strings.Replace(db.DSN, fmt.Sprintf("tcp(%s:%d)", db.Host, db.Port), "tcp("+proxy.Addr()+")", 1)
+	if dsn == db.DSN {
+		t.Fatalf("cannot route DSN %q through the proxy", db.DSN)
+	}
+	f := startFailover(t, ctx, db, b, dsn)
+	e1 := progressEpoch(ctx, t, db)
+	f.seen.waitFor(ctx, t, "from the first leader", 500, ofEpoch(e1))
+
+	proxy.Disable()
+	cut := time.Now()
+	f.leader.waitLog(ctx, "leadership")
+	noticed := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, testLease+10*time.Second)
+	f.standby.waitLog(wctx, "leading")
+	cancel()
+	f.seen.waitFor(ctx, t, "from the new leader", 200, afterEpoch(e1))
+	first, _ := f.seen.first(afterEpoch(e1))
+	last, _ := f.seen.last(ofEpoch(e1))
+	proxy.Enable()
+	f.leader.waitLog(ctx, "standby")
+	dups := f.finish()
+	t.Logf("lock connection cut: the leader logged the loss %v after the cut, its last delivery arrived %v after it; "+
+		"first delivery of the new leader %v after it; %d duplicates",
+		noticed.Sub(cut).Round(time.Millisecond), last.at.Sub(cut).Round(time.Millisecond),
+		first.at.Sub(cut).Round(time.Millisecond), dups)
+}

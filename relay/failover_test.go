@@ -1,0 +1,218 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/validator"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
+)
+
+// failoverRig is a private MariaDB primary with a GTID replica, and a
+// "virtual IP" (a TCP proxy) in front of the primary that the relay talks to:
+// a failover moves the proxy to the promoted replica, so one relay process
+// sees its connections die and reconnects to another server.
+type failoverRig struct {
+	primary, replica *testenv.Server
+	db               *testenv.DB
+	b                *testenv.Broker
+	vip              *testenv.FaultProxy
+	v                *validator.Validator
+	rr               *relayRun
+}
+
+func newFailoverRig(t *testing.T, accept bool) *failoverRig {
+	t.Helper()
+	primary, db, b := privateSetup(t)
+	f := &failoverRig{primary: primary, replica: primary.StartReplica(t), db: db, b: b}
+	f.vip = testenv.Proxy(t, primary.Addr())
+	f.v = consume(t, b, b.Queue)
+	dsn, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn.Addr = f.vip.Addr()
+	f.rr = runRelay(t, Config{
+		MySQLDSN: dsn.FormatDSN(), AMQPURL: b.URL, DefaultExchange: b.Exchange,
+		CheckpointInterval: time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		AcceptLostGTIDs: accept,
+	}, nil)
+	return f
+}
+
+// failover kills the primary, promotes the replica and moves the virtual IP
+// to it. It returns a pool on the test's database on the new primary.
+func (f *failoverRig) failover(t *testing.T) *sql.DB {
+	t.Helper()
+	f.primary.Kill(t)
+	f.replica.Promote(t)
+	f.vip.Retarget(f.replica.Addr())
+	db, err := sql.Open("mysql", f.replica.DSN(f.db.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// failoverCount is the value of a COUNT(*) query.
+func failoverCount(ctx context.Context, t *testing.T, db *sql.DB, q string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRowContext(ctx, q).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// A relay streaming under load; the replica catches up; the primary is
+// killed while the relay still has a backlog and the replica promoted; the
+// same relay process reconnects through the moved virtual IP and resumes from
+// the replicated checkpoint (its in-memory position, from the old primary,
+// is contained in the replica's GTID state: no refusal). Producers go on
+// writing on the new primary. Every message arrives, first deliveries keep
+// commit order per partition, and only rows still pending on the replica
+// (the unacknowledged tail) may arrive twice.
+func TestRelayFailoverToCaughtUpReplica(t *testing.T) {
+	f := newFailoverRig(t, false)
+	ctx := testenv.Context(t, 3*time.Minute)
+	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
+
+	const total = 20_000
+	produce(ctx, t, f.db, f.b, f.v, load{producers: 4, partitions: 40, total: total, bigTxn: 500, bigShare: 0.9})
+	f.primary.WaitReplicaCaughtUp(t, f.replica)
+	before := f.v.Received()
+	if before >= total {
+		t.Fatalf("the relay delivered everything (%d) before the failover: the test proved nothing", before)
+	}
+	rdb := f.failover(t)
+	tail := failoverCount(ctx, t, rdb, "SELECT COUNT(*) FROM outbox")
+	t.Logf("failover after %d of %d deliveries; %d rows pending on the promoted replica", before, total, tail)
+
+	produce(ctx, t, &testenv.DB{SQL: rdb}, f.b, f.v, load{producers: 4, partitions: 40, total: 2_000, bigTxn: 50, bigShare: 0.5})
+	if err := f.v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.v.Check(validator.AtLeastOnce); err != nil {
+		t.Fatal(err)
+	}
+	if d := f.v.Duplicates(); d > tail {
+		t.Fatalf("%d duplicates, more than the %d rows the replica had not seen acknowledged", d, tail)
+	}
+	waitRows(ctx, t, &testenv.DB{SQL: rdb}, "SELECT COUNT(*) FROM outbox", 0)
+	select {
+	case <-f.rr.done:
+		t.Fatalf("relay stopped: %v", f.rr.err)
+	default:
+	}
+}
+
+// lostRows is how many rows lossyFailover writes that the replica never gets.
+const lostRows = 300
+
+// lossyFailover runs a relay against a primary whose replica stopped
+// replicating before the last transactions, which the relay publishes and
+// acknowledges; then the primary dies and the replica, behind, is promoted.
+// It returns the rig and a pool on the new primary, with the relay's
+// in-memory position newer than the replicated progress row.
+func lossyFailover(ctx context.Context, t *testing.T, accept bool) (*failoverRig, *sql.DB) {
+	t.Helper()
+	f := newFailoverRig(t, accept)
+	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
+	produce(ctx, t, f.db, f.b, f.v, load{producers: 2, partitions: 10, total: 300, bigTxn: 10, bigShare: 0.3})
+	if err := f.v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(ctx, t, f.db, "SELECT COUNT(*) FROM outbox", 0)
+	f.primary.WaitReplicaCaughtUp(t, f.replica)
+	if _, err := f.replica.Root(t).ExecContext(ctx, "STOP SLAVE"); err != nil {
+		t.Fatalf("stop the replica: %v", err)
+	}
+
+	// The transactions the replica will never get: published and acknowledged.
+	produce(ctx, t, f.db, f.b, f.v, load{producers: 2, partitions: 10, total: lostRows, bigTxn: 10, bigShare: 0.3})
+	if err := f.v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(ctx, t, f.db, "SELECT COUNT(*) FROM outbox", 0)
+	var stored string
+	if err := f.db.SQL.QueryRowContext(ctx, "SELECT gtid_set FROM outbox_relay_progress").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(ctx, t, f.rr, "holding the acknowledged position", func() bool {
+		missing, err := position.Missing(position.FlavorMariaDB, f.rr.r.newestPublished().GTIDSet,
+			position.Position{Flavor: position.FlavorMariaDB, GTIDSet: stored})
+		return err == nil && missing == ""
+	})
+	return f, f.failover(t)
+}
+
+// A lossy failover: the relay (the same process, which remembers a newer
+// position than the replicated progress row) refuses to resume on the
+// promoted replica and stops with a *LostGTIDsError naming the primary's
+// transactions the replica lacks. Comparing the replicated row alone, or per
+// domain only, would pass: the row is the replica's own, and the replica's
+// next transactions reuse the lost sequence numbers under its own server id.
+func TestRelayRefusesLossyFailover(t *testing.T) {
+	ctx := testenv.Context(t, 3*time.Minute)
+	f, _ := lossyFailover(ctx, t, false)
+	// The relay reconnects within seconds (its backoff is capped at 10 s);
+	// a minute without stopping is a relay that resumed on the server.
+	select {
+	case <-f.rr.done:
+	case <-time.After(time.Minute):
+		t.Fatal("the relay kept running for a minute on a server that lacks what it published")
+	}
+	var lost *LostGTIDsError
+	if !errors.As(f.rr.err, &lost) {
+		t.Fatalf("Run returned %v, want a *LostGTIDsError", f.rr.err)
+	}
+	prefix := "0-" + strconv.FormatUint(uint64(f.primary.ServerID()), 10) + "-"
+	if !strings.HasPrefix(lost.Missing, prefix) || !strings.Contains(lost.Error(), "--accept-lost-gtids") {
+		t.Fatalf("error %q: want the missing GTIDs of the old primary (%s…) and the flag that accepts them", lost, prefix)
+	}
+	if !isFatal(f.rr.err) {
+		t.Fatal("a lossy failover must stop the relay")
+	}
+	// Every row of the 300 written after the replica stopped was published
+	// and is gone; the process remembers them all (fewer than recentLimit),
+	// and none of the rows the replica has.
+	distinct := map[outbox.MessageID]bool{}
+	for _, id := range lost.MessageIDs {
+		distinct[id] = true
+	}
+	if len(lost.MessageIDs) != lostRows || len(distinct) != lostRows {
+		t.Fatalf("the error names %d message ids (%d distinct), want the %d of the lost rows", len(lost.MessageIDs), len(distinct), lostRows)
+	}
+	t.Logf("refused: %v", lost)
+	f.rr.err = nil // the expected outcome: not an error of the cleanup's shutdown
+}
+
+// With AcceptLostGTIDs the relay resumes on the promoted replica from the
+// server's own position and delivers everything written there afterwards.
+func TestRelayAcceptsLostGTIDs(t *testing.T) {
+	ctx := testenv.Context(t, 3*time.Minute)
+	f, rdb := lossyFailover(ctx, t, true)
+	produce(ctx, t, &testenv.DB{SQL: rdb}, f.b, f.v, load{producers: 2, partitions: 10, total: 300, bigTxn: 10, bigShare: 0.3})
+	if err := f.v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.v.Check(validator.AtLeastOnce); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(ctx, t, &testenv.DB{SQL: rdb}, "SELECT COUNT(*) FROM outbox", 0)
+	select {
+	case <-f.rr.done:
+		t.Fatalf("relay stopped: %v", f.rr.err)
+	default:
+	}
+}
