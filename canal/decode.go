@@ -27,7 +27,7 @@ const (
 	numCols
 )
 
-// requiredColumns are the outbox columns (design §2) the Record is built
+// requiredColumns are the outbox columns (docs/tables.md) the Record is built
 // from, in col* order. Other columns (delivered_at, attempts, ...) are ignored.
 var requiredColumns = [numCols]string{
 	"id", "message_id", "partition_key", "exchange", "routing_key", "message_type",

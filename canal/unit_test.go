@@ -72,7 +72,7 @@ func TestGlobalPrivileges(t *testing.T) {
 	}
 }
 
-// outboxTableMap is a TABLE_MAP of the design §2 outbox table as MariaDB
+// outboxTableMap is a TABLE_MAP of the docs/tables.md outbox table as MariaDB
 // writes it (JSON is LONGTEXT, i.e. BLOB), in a non-default column order.
 func outboxTableMap(names ...string) *replication.TableMapEvent {
 	if names == nil {

@@ -213,7 +213,7 @@ const ackChunk = 1000
 // message id of each row of ids, in ids' order: a row is acknowledged only
 // when both its id and its message id match, because after a lossy
 // failover the server hands out ids that were already published for other
-// messages (design §6), and such a row must not be deleted or marked
+// messages (docs/operations.md), and such a row must not be deleted or marked
 // unpublished. Failed rows are among ids: they leave the outbox like the
 // others so their partition moves on.
 //

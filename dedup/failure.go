@@ -16,7 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
-// Headers the relay sets on every message (design §3).
+// Headers the relay sets on every message (docs/wire.md).
 const (
 	headerOutboxID     = "x-outbox-id"
 	headerPartitionKey = "x-partition-key"
@@ -103,7 +103,7 @@ func giveUp(ctx context.Context, db *sql.DB, consumer string, d amqp.Delivery, i
 
 // failedRow returns the values of an outbox_failed row for d, in the order
 // giveUp inserts them: the outbox columns as the relay published them
-// (design §3 read backwards), then attempts, last_error and error.
+// (docs/wire.md read backwards), then attempts, last_error and error.
 func failedRow(d amqp.Delivery, id outbox.MessageID, attempts int64, lastErr, reason string) []any {
 	var outboxID uint64
 	switch v := d.Headers[headerOutboxID].(type) {

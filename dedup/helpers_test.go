@@ -134,7 +134,7 @@ func channel(t testing.TB, conn *amqp.Connection) *amqp.Channel {
 }
 
 // publish sends msgs to b's exchange with the relay's properties and
-// headers (design §3) and waits for the broker's confirms, so they are all
+// headers (docs/wire.md) and waits for the broker's confirms, so they are all
 // in b.Queue when it returns.
 func publish(t testing.TB, b *testenv.Broker, msgs ...msg) {
 	t.Helper()

@@ -12,7 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
-// Tables the package reads and writes (design §2; created by
+// Tables the package reads and writes (docs/tables.md; created by
 // `outbox-relay migrate`).
 const (
 	// DedupTable holds one row per (consumer, message) processed.

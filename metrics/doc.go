@@ -1,5 +1,5 @@
 // Package metrics holds the relay's Prometheus metrics and serves its HTTP
-// endpoints (design §7).
+// endpoints (docs/operations.md).
 //
 // # Metrics
 //

@@ -46,7 +46,7 @@ func labelValues(mf *dto.MetricFamily, label string) []string {
 	return vs
 }
 
-// The public names, types and label values of design §7 exist from the start.
+// The public names, types and label values of docs/operations.md exist from the start.
 func TestNamesTypesAndLabels(t *testing.T) {
 	_, reg := newTestMetrics(t)
 	fams := gather(t, reg)

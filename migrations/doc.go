@@ -1,4 +1,4 @@
-// Package migrations creates and checks outbox-relay's schema (design §2).
+// Package migrations creates and checks outbox-relay's schema (docs/tables.md).
 //
 // The SQL lives in embedded files (sql/*.sql). [Apply] runs the versions a
 // database is missing and records each in the table outbox_relay_migrations;

@@ -41,7 +41,7 @@ func ParseMessageID(s string) (MessageID, error) {
 }
 
 // Record is one outbox row as the relay reads it, from the binlog or from a
-// query. Fields mirror the table's columns (design §2).
+// query. Fields mirror the table's columns (docs/tables.md).
 type Record struct {
 	ID           uint64 // AUTO_INCREMENT id: order inside one database, not identity
 	MessageID    MessageID

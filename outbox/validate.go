@@ -33,7 +33,7 @@ const (
 )
 
 // reservedHeader reports whether name is one the relay sets on the wire
-// (design §3); letting producers set them would make them ambiguous.
+// (docs/wire.md); letting producers set them would make them ambiguous.
 // Compared case-insensitively: AMQP tables are case-sensitive, but
 // "X-Outbox-Id" next to "x-outbox-id" would only confuse consumers.
 func reservedHeader(name string) bool {

@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// DelayedSweeper is the due-time sweep of binlog mode (design §4.7). The
+// DelayedSweeper is the due-time sweep of binlog mode (docs/operations.md, "Delayed messages"). The
 // binlog stream publishes only rows whose available_at is NULL and leaves
 // every row with available_at set to the sweeper, so the two never publish
 // the same row. A sweep round is a poll round limited to those rows once

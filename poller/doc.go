@@ -1,7 +1,7 @@
 // Package poller delivers pending outbox rows by polling the table: the
 // relay's poll mode (--mode poll, and the fallback when the binlog cannot be
 // read) and the sweep of the poll → binlog handover and the first start
-// (design §5). It publishes each pending, due row with per-partition order
+// (docs/operations.md, "Modes"). It publishes each pending, due row with per-partition order
 // kept, waits for the broker's confirms, and acknowledges the rows (deletes
 // or marks them, moving undeliverable ones to outbox_failed) in the same
 // database transaction that claimed them.
@@ -55,7 +55,7 @@
 // pending row that is due: a delayed row (available_at in the future) does
 // not hold back the due rows after it in its partition, which are delivered
 // before it; it is delivered once due, as the oldest pending row of its
-// partition at that time (design §4.7). Rows with an empty partition_key have no
+// partition at that time (docs/operations.md, "Delayed messages"). Rows with an empty partition_key have no
 // order and are claimed freely.
 //
 // docs/poller.md has the SQL, the EXPLAIN plans behind the indexes it

@@ -30,7 +30,7 @@ const finishTimeout = 10 * time.Second
 // maxBackoff bounds the wait between Run's retries after a failed round.
 const maxBackoff = 5 * time.Second
 
-// Poller delivers pending outbox rows by polling (design §5). It holds no
+// Poller delivers pending outbox rows by polling (docs/operations.md, "Modes"). It holds no
 // mutable state of its own: Run and Drain may be called any number of
 // times, even at once, and each call owns the workers it starts.
 type Poller struct {
@@ -121,7 +121,7 @@ func (p *Poller) RunUntil(ctx context.Context, stop <-chan struct{}) error {
 // Unlike Run, Drain retries only lock conflicts (deadlock, lock wait
 // timeout); it gives up on any other error (ctx's included) and returns it
 // with the count so far. Rows of an abandoned round stay pending.
-// Used for the poll → binlog handover (design §5) and the first start.
+// Used for the poll → binlog handover (docs/operations.md, "Modes") and the first start.
 func (p *Poller) Drain(ctx context.Context) (int, error) {
 	var maxID uint64
 	if err := p.db.QueryRowContext(ctx, p.q.maxID()).Scan(&maxID); err != nil {

@@ -9,7 +9,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
-// Headers the relay sets on every message (design §3). A row's own headers
+// Headers the relay sets on every message (docs/wire.md). A row's own headers
 // of these names are dropped, so consumers can trust them.
 const (
 	HeaderOutboxID     = "x-outbox-id"
@@ -93,7 +93,7 @@ func badRecord(format string, args ...any) error {
 	return &BadRecordError{Reason: fmt.Sprintf(format, args...)}
 }
 
-// FromRecord builds the wire message of design §3 for one outbox row, with
+// FromRecord builds the wire message (docs/wire.md) for one outbox row, with
 // Tag left nil for the caller to set:
 //
 //   - exchange rec.Exchange, or defaultExchange when that is empty;

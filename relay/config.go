@@ -55,7 +55,7 @@ type Config struct {
 	Maintenance         func(ctx context.Context)
 	MaintenanceInterval time.Duration
 	// AcceptLostGTIDs lets a relay resume on a server that lacks
-	// transactions it already published (a lossy failover, design §6):
+	// transactions it already published (a lossy failover, docs/operations.md):
 	// it delivers what is pending and tails from the server's own position,
 	// logging at WARN what is skipped. Without it such a server is a
 	// *LostGTIDsError.

@@ -15,7 +15,7 @@ import (
 )
 
 // LostGTIDsError is a lossy failover: the server the relay is about to resume
-// on lacks transactions the relay already published (design §6). Retrying
+// on lacks transactions the relay already published (docs/operations.md). Retrying
 // cannot bring them back, and polling would hide the loss, so it is fatal in
 // binlog and auto mode alike (the CLI exits 2) unless Config.AcceptLostGTIDs
 // is set. Poll mode reads no binlog and does not check.

@@ -23,7 +23,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	st := progress.Position
 	stored := position.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)}
 	// A promoted replica, or a VIP that moved, may lack what was published:
-	// checked on every term, before anything is read (design §6).
+	// checked on every term, before anything is read (docs/operations.md).
 	lost, err := r.checkNotLost(ctx, stored)
 	if err != nil {
 		return err
@@ -32,7 +32,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		// First start (or the last leader polled): the stored position, if
 		// any, is older than what was delivered. Take the server's position
 		// Gs, deliver everything pending (the sweep), take Ge, and tail from
-		// Gs publishing only rows still pending up to Ge (design §5).
+		// Gs publishing only rows still pending up to Ge (docs/operations.md, "Modes").
 		//
 		// Gs and Ge come from consistent snapshots (canal.SnapshotPosition):
 		// every transaction at or before one is visible to every read after
@@ -108,7 +108,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 }
 
 // positionError makes a purged checkpoint a setup error (exit 2 in --mode
-// binlog, design §4.1): restarting cannot bring the position back. In auto
+// binlog, docs/operations.md, "Server requirements"): restarting cannot bring the position back. In auto
 // mode it sends the relay to poll mode instead (fallbackReason). A
 // *canal.DivergedError is not one: the server's history changed under a
 // reconnect, and restarting the term from the durable checkpoint is its

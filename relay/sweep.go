@@ -11,7 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/poller"
 )
 
-// sweepDelayed is the due-time sweep of binlog mode (design §4.7): while
+// sweepDelayed is the due-time sweep of binlog mode (docs/operations.md, "Delayed messages"): while
 // delayed rows are known to exist (one probe at start, then whenever the
 // stream skips one) it delivers those that are due, every poll interval. A
 // relay without delayed rows runs no query here after the probe. It stops

@@ -1,5 +1,5 @@
 // Package replay republishes the outbox rows that a range of the binlog
-// inserted: `outbox-relay replay` (design §6).
+// inserted: `outbox-relay replay` (docs/operations.md).
 //
 // A replay is a separate binlog reader with its own replica server id, so it
 // runs next to the relay without disturbing it. It resolves the range to two

@@ -11,7 +11,7 @@ import (
 	"syscall"
 )
 
-// Exit codes (design §7).
+// Exit codes (docs/operations.md).
 const (
 	exitOK      = 0
 	exitFailure = 1 // runtime failure

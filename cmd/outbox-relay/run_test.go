@@ -683,7 +683,7 @@ func (c *countingConsumer) waitUnique(ctx context.Context, t *testing.T, n int) 
 // Each preflight failure: exit code 2 and a last stderr line that names
 // the problem and the fix. The relays run with --mode binlog: under the
 // default --mode auto a server that cannot serve the binlog is not an error,
-// the relay polls instead (design §5).
+// the relay polls instead (docs/operations.md, "Modes").
 func TestRunPreflightFailures(t *testing.T) {
 	ctx := testenv.Context(t, 4*time.Minute)
 	b := testenv.RabbitMQ(t)
@@ -782,9 +782,9 @@ func TestRunPreflightFailures(t *testing.T) {
 	})
 
 	// A checkpoint whose binlogs were purged while the relay was stopped:
-	// in --mode binlog a setup error like the others (design §4.1), exit
+	// in --mode binlog a setup error like the others (docs/operations.md, "Server requirements"), exit
 	// code 2, the line naming the purge and the fix. (--mode auto falls
-	// back to polling instead, design §5.)
+	// back to polling instead, docs/operations.md, "Modes".)
 	t.Run("purged_checkpoint", func(t *testing.T) {
 		p := binlogRelay(t, db)
 		p.start()

@@ -371,7 +371,7 @@ func (b *bencher) bareLatency(ctx context.Context, phase string) ([]time.Duratio
 	})
 }
 
-// relayShaped is message i as the relay sends a row (design §3): its
+// relayShaped is message i as the relay sends a row (docs/wire.md): its
 // properties and the relay's headers. Broker cost grows with them, so the
 // bare publisher sends this shape: a lighter message would not be the same
 // ceiling.

@@ -202,7 +202,7 @@ func (v *Validator) Check(mode Delivery) error {
 		strings.Join(problems, "\n  "))
 }
 
-// compare checks one delivery against its row per design §3.
+// compare checks one delivery against its row as docs/wire.md describes.
 func compare(exp *Expected, d amqp.Delivery) string {
 	var bad []string
 	if !bytes.Equal(d.Body, exp.Payload) {
@@ -290,7 +290,7 @@ func checkCreatedAt(exp *Expected, d amqp.Delivery) []string {
 }
 
 // sameValue compares a header as AMQP carried it with the value the
-// producer gave, per docs/wire.md: a number is an int64 when it is an
+// producer gave, as docs/wire.md describes: a number is an int64 when it is an
 // integer in int64's range, else a double with its value, else a string of
 // its decimal text with its value; nil is void; maps and slices are tables
 // and arrays compared member by member.
