@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync"
@@ -348,8 +349,12 @@ func isInterrupted(err error) bool {
 	return errors.As(err, &me) && me.Number == 1317
 }
 
-// Release gives leadership up: stops the heartbeat, releases the lock and
-// closes the lock connection. Safe to call more than once.
+// Release gives leadership up: stops the heartbeat, clears leader_instance
+// in the progress row (fenced by the epoch; leader_since and
+// leader_heartbeat stay as history) so `status` shows no leader, releases
+// the lock and closes the lock connection. Safe to call more than once. If
+// the database cannot be reached, the row keeps the leader's name and
+// `status` shows its heartbeat ageing past the lease.
 func (l *Leader) Release(ctx context.Context) error {
 	var err error
 	l.stopOnce.Do(func() {
@@ -363,10 +368,31 @@ func (l *Leader) Release(ctx context.Context) error {
 		cancel()
 		l.stop()
 		<-l.done
-		if _, e := l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", l.store.lockName()); e != nil && !errors.Is(e, sql.ErrConnDone) && !errors.Is(e, mysql.ErrInvalidConn) {
+		if e := l.clearLeader(ctx); e != nil {
+			err = e
+		}
+		if _, e := l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", l.store.lockName()); e != nil && !connGone(e) {
 			err = fmt.Errorf("release lock %q: %w", l.store.lockName(), e)
 		}
 		l.conn.Close()
 	})
 	return err
+}
+
+// clearLeader sets leader_instance to NULL in our epoch's row. It runs on
+// the pool, not the lock connection (ending the heartbeat's wait may have
+// closed that one); the epoch fences it: if another process became leader
+// since, the row is theirs and nothing changes.
+func (l *Leader) clearLeader(ctx context.Context) error {
+	if _, err := l.store.db.ExecContext(ctx, "UPDATE outbox_relay_progress SET leader_instance = NULL WHERE relay_name = ? AND epoch = ?",
+		l.store.cfg.RelayName, l.epoch); err != nil {
+		return fmt.Errorf("clear leader of relay %q: %w", l.store.cfg.RelayName, err)
+	}
+	return nil
+}
+
+// connGone is an error of a connection already closed, e.g. by cancelling
+// the heartbeat's statement: closing it released the lock.
+func connGone(err error) bool {
+	return errors.Is(err, sql.ErrConnDone) || errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn)
 }

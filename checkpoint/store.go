@@ -76,6 +76,7 @@ type Progress struct {
 	RelayName       string
 	Position        position.Position
 	Mode            string
+	ModeReason      string // why it is in Mode; not an error
 	Status          string
 	Epoch           int64
 	LeaderInstance  string
@@ -118,19 +119,20 @@ func (s *Store) Load(ctx context.Context) (Progress, error) {
 	var (
 		p                                     Progress
 		flavor, gtid, file, leader, lastError sql.NullString
+		reason                                sql.NullString
 		pos                                   sql.NullInt64
 		since, hb, lastEvent                  sql.NullTime
 	)
 	err := s.db.QueryRowContext(ctx, `SELECT relay_name, flavor, gtid_set, binlog_file, binlog_pos,
-		mode, status, epoch, leader_instance, leader_since, leader_heartbeat, error_count, last_error,
+		mode, mode_reason, status, epoch, leader_instance, leader_since, leader_heartbeat, error_count, last_error,
 		last_event_at, updated_at FROM outbox_relay_progress WHERE relay_name = ?`, s.cfg.RelayName).Scan(
-		&p.RelayName, &flavor, &gtid, &file, &pos, &p.Mode, &p.Status, &p.Epoch, &leader, &since, &hb,
+		&p.RelayName, &flavor, &gtid, &file, &pos, &p.Mode, &reason, &p.Status, &p.Epoch, &leader, &since, &hb,
 		&p.ErrorCount, &lastError, &lastEvent, &p.UpdatedAt)
 	if err != nil {
 		return Progress{}, fmt.Errorf("read progress row for relay %q: %w", s.cfg.RelayName, err)
 	}
 	p.Position = position.Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint32(pos.Int64)}
-	p.LeaderInstance, p.LastError = leader.String, lastError.String
+	p.LeaderInstance, p.LastError, p.ModeReason = leader.String, lastError.String, reason.String
 	p.LeaderSince, p.LeaderHeartbeat, p.LastEventAt = since.Time, hb.Time, lastEvent.Time
 	return p, nil
 }
@@ -161,12 +163,12 @@ func truncate(s string, n int) string {
 }
 
 // SetMode records a mode change and its reason in the progress row (mode,
-// last_error) for `status` and operators. An empty mode records only the
+// mode_reason) for `status` and operators; last_error is left to errors. An empty mode records only the
 // reason: binlog mode is written by the acknowledgements themselves, once
 // the poll → binlog handover is complete, so a crash in between repeats the
 // handover instead of trusting an old position.
 func (s *Store) SetMode(ctx context.Context, epoch int64, mode, reason string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress SET mode = COALESCE(?, mode), last_error = ?
+	res, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress SET mode = COALESCE(?, mode), mode_reason = ?
 		WHERE relay_name = ? AND epoch = ?`, nullIfEmpty(mode), truncate(reason, 1024), s.cfg.RelayName, epoch)
 	if err != nil {
 		return fmt.Errorf("record mode %q of relay %q: %w", mode, s.cfg.RelayName, err)

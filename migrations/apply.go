@@ -57,6 +57,9 @@ func plan(table string, partitionedTable bool) []migration {
 		// The inbox keyed by consumer; it runs again (without effect on an
 		// upgraded inbox) if the attempts table is gone.
 		{"0004_dedup_consumer", "0004_dedup_consumer.sql", []string{DedupTable, AttemptsTable}},
+		// mode_reason on a progress table created before it existed; a
+		// progress table created again by 0001 already has it.
+		{"0005_progress_mode_reason", "0005_progress_mode_reason.sql", nil},
 	}
 }
 
@@ -71,8 +74,9 @@ func plan(table string, partitionedTable bool) []migration {
 //   - Existing tables are checked first: a missing or differently typed
 //     column fails with a *SchemaError (errors.Is ErrSchemaMismatch) before
 //     anything is created. Extra columns and indexes are fine. The one
-//     missing column accepted is message_deduplication's consumer: version
-//     0004_dedup_consumer adds it and keys the table by it, keeping its rows.
+//     missing columns accepted are message_deduplication's consumer (version
+//     0004_dedup_consumer adds it and keys the table by it, keeping its rows)
+//     and outbox_relay_progress's mode_reason (0005_progress_mode_reason).
 //   - A version runs when it is not recorded, or when a table it creates no
 //     longer exists. Tables are only ever created (CREATE TABLE IF NOT
 //     EXISTS), never altered destructively or dropped. Two steps follow the
@@ -140,7 +144,7 @@ func Apply(ctx context.Context, db *sql.DB, opts Options) (applied []string, err
 	data := templateData{Table: quoted, Partitions: dailyPartitions(time.Now(), PartitionDays)}
 	for _, m := range plan(table, isPartitioned) {
 		need := !done[m.version]
-		if !need {
+		if !need && len(m.tables) > 0 {
 			present, err := readColumns(ctx, conn, schema.String, m.tables)
 			if err != nil {
 				return applied, fmt.Errorf("migrate: %w", err)

@@ -12,7 +12,9 @@
 // "0001_outbox:<table>" for each outbox table, so one database can hold
 // several outbox tables (the relay's --table). "0004_dedup_consumer" keys
 // the inbox (message_deduplication) by consumer, keeping its rows, and
-// creates message_inbox_attempts. "0003_created_at_utc:<table>" follows the
+// creates message_inbox_attempts. "0005_progress_mode_reason" adds
+// outbox_relay_progress.mode_reason to a table created before it.
+// "0003_created_at_utc:<table>" follows the
 // outbox's state rather than the record: it runs on an outbox whose
 // created_at defaults to the session's local time (CURRENT_TIMESTAMP(6), as
 // earlier versions created it) and makes the default UTC_TIMESTAMP(6).

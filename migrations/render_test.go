@@ -33,11 +33,15 @@ func TestRender(t *testing.T) {
 			if upgrade {
 				creates = 1
 			}
+			// 0005 only alters, in the same way.
+			alter := m.version == "0005_progress_mode_reason"
 			n := 0
 			for _, s := range stmts {
 				create := strings.HasPrefix(s, "CREATE TABLE IF NOT EXISTS ")
 				prepared := upgrade && (strings.HasPrefix(s, "SET @dedup_") || strings.HasSuffix(s, " dedup_alter") ||
-					strings.HasPrefix(s, "PREPARE dedup_alter FROM @dedup_alter"))
+					strings.HasPrefix(s, "PREPARE dedup_alter FROM @dedup_alter")) ||
+					alter && (strings.HasPrefix(s, "SET @progress_") || strings.HasSuffix(s, " progress_alter") ||
+						strings.HasPrefix(s, "PREPARE progress_alter FROM @progress_alter"))
 				if create {
 					n++
 				}

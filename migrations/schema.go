@@ -58,6 +58,7 @@ func shapes(outboxTable string) []shape {
 			{"binlog_file", "varchar(255)"},
 			{"binlog_pos", "bigint unsigned"},
 			{"mode", "varchar(16)"},
+			{"mode_reason", "varchar(1024)"},
 			{"status", "varchar(16)"},
 			{"epoch", "bigint"},
 			{"leader_instance", "varchar(255)"},
@@ -102,8 +103,10 @@ const (
 // table: its absence is then the table's earlier shape, which Apply
 // upgrades, not a mismatch.
 func addedLater(table, column string) bool {
-	// 0004_dedup_consumer: the inbox keyed by consumer.
-	return table == DedupTable && column == "consumer"
+	// 0004_dedup_consumer: the inbox keyed by consumer;
+	// 0005_progress_mode_reason: why the relay is in its mode.
+	return table == DedupTable && column == "consumer" ||
+		table == ProgressTable && column == "mode_reason"
 }
 
 // ErrSchemaMismatch is matched (errors.Is) by every [*SchemaError].

@@ -10,6 +10,8 @@
 //
 //	run            relay outbox rows to RabbitMQ (binlog, or polling)
 //	migrate        create the outbox, progress, failed and deduplication tables
+//	status         show each relay's status, leader, checkpoint and backlog
+//	checkpoint     show or set a relay's checkpoint (show | set --gtid SET | set --file F --pos N)
 //	replay         republish the outbox rows a binlog range inserted, with x-replay: true
 //	failed         list, show, retry or purge the messages in outbox_failed
 //	cleanup        delete rows marked delivered (--on-delivered=mark) older than an age
@@ -23,7 +25,8 @@
 // table for people or one JSON object with --json, and have --dry-run where
 // they change data. run --maintenance-interval does cleanup, dedup-cleanup
 // and partitions on the leader. docs/operations.md, "Failed messages and
-// housekeeping", has the details.
+// housekeeping", has the details; "Status and checkpoint" covers status and
+// checkpoint.
 //
 // Every flag can also come from the environment variable
 // OUTBOX_RELAY_<FLAG> (upper snake case: --mysql-dsn is

@@ -12,6 +12,7 @@ CREATE TABLE IF NOT EXISTS outbox_relay_progress (
     binlog_file      VARCHAR(255)    NULL,
     binlog_pos       BIGINT UNSIGNED NULL,
     mode             VARCHAR(16)     NOT NULL DEFAULT 'binlog',
+    mode_reason      VARCHAR(1024)   NULL,
     status           VARCHAR(16)     NOT NULL DEFAULT 'ACTIVE',
     epoch            BIGINT          NOT NULL DEFAULT 0,
     leader_instance  VARCHAR(255)    NULL,

@@ -1,0 +1,185 @@
+package checkpoint
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
+)
+
+// ErrUnknownRelay means no progress row has the relay name asked for.
+var ErrUnknownRelay = errors.New("no progress row for this relay name")
+
+// RelayStatus is one progress row as operators see it (`status`,
+// `checkpoint show`). Times are UTC; the zero time means none.
+type RelayStatus struct {
+	RelayName   string
+	Status      string // ACTIVE, PAUSED or FAILED
+	Mode        string // binlog or poll
+	ModeReason  string
+	Epoch       int64
+	Leader      *LeaderState // nil when the row names no leader (none ever, or a clean stop)
+	Position    position.Position
+	ErrorCount  int64
+	LastError   string
+	LastEventAt time.Time
+	UpdatedAt   time.Time
+}
+
+// LeaderState is the leader the row names. Alive is false when its
+// heartbeat is older than the lease: the process is gone or stuck, and a
+// standby (or the next run) takes it over.
+type LeaderState struct {
+	Instance            string
+	Since               time.Time
+	HeartbeatAgeSeconds float64
+	Alive               bool
+}
+
+// Live reports whether a leader holds the relay now, as far as the row
+// tells: one is named and its heartbeat is within the lease.
+func (s RelayStatus) Live() bool { return s.Leader != nil && s.Leader.Alive }
+
+// ReadStatus reads the progress rows: every relay's when relayName is "",
+// else that one's (ErrUnknownRelay when it has none). lease is the leader
+// lease the relays run with (run's --leader-lease). Ages are computed by the
+// server against UTC_TIMESTAMP(6), as the relay writes its times in UTC, so
+// neither the session time zone nor this host's clock matters. It creates
+// nothing.
+func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Duration) ([]RelayStatus, error) {
+	q := `SELECT relay_name, flavor, gtid_set, binlog_file, binlog_pos, mode, mode_reason, status, epoch,
+		leader_instance, leader_since, TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, UTC_TIMESTAMP(6)),
+		error_count, last_error, last_event_at, updated_at FROM outbox_relay_progress`
+	var args []any
+	if relayName != "" {
+		q += " WHERE relay_name = ?"
+		args = append(args, relayName)
+	}
+	rows, err := db.QueryContext(ctx, q+" ORDER BY relay_name", args...)
+	if err != nil {
+		return nil, fmt.Errorf("read progress rows: %w", err)
+	}
+	defer rows.Close()
+	var list []RelayStatus
+	for rows.Next() {
+		var (
+			s                                             RelayStatus
+			flavor, gtid, file, reason, leader, lastError sql.NullString
+			since, lastEvent, updated                     sql.NullString
+			pos, hbAge                                    sql.NullInt64
+		)
+		if err := rows.Scan(&s.RelayName, &flavor, &gtid, &file, &pos, &s.Mode, &reason, &s.Status, &s.Epoch,
+			&leader, &since, &hbAge, &s.ErrorCount, &lastError, &lastEvent, &updated); err != nil {
+			return nil, fmt.Errorf("read progress rows: %w", err)
+		}
+		s.Position = position.Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint32(pos.Int64)}
+		s.ModeReason, s.LastError = reason.String, lastError.String
+		s.LastEventAt, s.UpdatedAt = parseTime(lastEvent), parseTime(updated)
+		if leader.Valid {
+			age := float64(hbAge.Int64) / 1e6
+			s.Leader = &LeaderState{Instance: leader.String, Since: parseTime(since), HeartbeatAgeSeconds: age,
+				Alive: hbAge.Valid && age <= lease.Seconds()}
+		}
+		list = append(list, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read progress rows: %w", err)
+	}
+	if relayName != "" && len(list) == 0 {
+		return nil, fmt.Errorf("relay %q: %w", relayName, ErrUnknownRelay)
+	}
+	return list, nil
+}
+
+// parseTime reads a DATETIME(6) scanned as text: the driver's form without
+// parseTime, or RFC 3339 with it. The columns hold UTC.
+func parseTime(s sql.NullString) time.Time {
+	if !s.Valid {
+		return time.Time{}
+	}
+	for _, layout := range []string{"2006-01-02 15:04:05.999999", time.RFC3339Nano} {
+		if t, err := time.Parse(layout, s.String); err == nil {
+			return t.UTC()
+		}
+	}
+	return time.Time{}
+}
+
+// Backlog is what waits in an outbox table.
+type Backlog struct {
+	PendingRows             int64
+	OldestPendingAgeSeconds *float64 // nil when nothing is pending
+	FailedRows              int64    // rows of outbox_failed (every source)
+}
+
+// ReadBacklog counts the pending rows of table (onDelivered Delete: every
+// row present; Mark: rows with delivered_at NULL), the age of the oldest
+// (from created_at, UTC) and the rows of outbox_failed. Each count reads its
+// whole table (or the pending index): meant for an operator's command, not
+// a tight loop.
+func ReadBacklog(ctx context.Context, db *sql.DB, table, onDelivered string) (Backlog, error) {
+	quoted, err := outbox.QuoteTable(table)
+	if err != nil {
+		return Backlog{}, fmt.Errorf("read backlog: %w", err)
+	}
+	where := ""
+	switch onDelivered {
+	case Delete, "":
+	case Mark:
+		where = " WHERE delivered_at IS NULL"
+	default:
+		return Backlog{}, fmt.Errorf("read backlog: on-delivered %q: want %q or %q", onDelivered, Delete, Mark)
+	}
+	var (
+		b   Backlog
+		age sql.NullInt64
+	)
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) FROM `+
+		quoted+where).Scan(&b.PendingRows, &age); err != nil {
+		return Backlog{}, fmt.Errorf("count pending rows of %s: %w", table, err)
+	}
+	if age.Valid {
+		a := max(float64(age.Int64)/1e6, 0)
+		b.OldestPendingAgeSeconds = &a
+	}
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox_failed").Scan(&b.FailedRows); err != nil {
+		return Backlog{}, fmt.Errorf("count rows of outbox_failed: %w", err)
+	}
+	return b, nil
+}
+
+// SetPosition is the operator's `checkpoint set`: it writes pos as the
+// relay's checkpoint (the other kind of position is cleared, so the row
+// never holds two that disagree), mode binlog so the next leader tails from
+// exactly pos instead of taking the server's position for a handover, and
+// reason as mode_reason. It never changes the epoch, and it is fenced by the
+// epoch the caller read: ErrFenced when a new leader came meanwhile.
+func SetPosition(ctx context.Context, db *sql.DB, relayName string, epoch int64, pos position.Position, reason string) error {
+	res, err := db.ExecContext(ctx, `UPDATE outbox_relay_progress SET flavor = ?, gtid_set = ?, binlog_file = ?,
+		binlog_pos = ?, mode = 'binlog', mode_reason = ? WHERE relay_name = ? AND epoch = ?`,
+		nullIfEmpty(pos.Flavor), nullIfEmpty(pos.GTIDSet), nullIfEmpty(pos.File), filePos(pos), truncate(reason, 1024), relayName, epoch)
+	if err != nil {
+		return fmt.Errorf("set checkpoint of relay %q: %w", relayName, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		var cur int64
+		if err := db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?", relayName).Scan(&cur); err != nil {
+			return fmt.Errorf("set checkpoint of relay %q: %w", relayName, err)
+		}
+		if cur != epoch {
+			return ErrFenced
+		}
+	}
+	return nil
+}
+
+func filePos(p position.Position) any {
+	if p.File == "" {
+		return nil
+	}
+	return p.Pos
+}

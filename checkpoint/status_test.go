@@ -1,0 +1,79 @@
+package checkpoint_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// SetMode writes why the relay is in its mode to mode_reason; last_error
+// keeps holding only errors.
+func TestSetModeWritesModeReason(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	store, err := checkpoint.New(db, checkpoint.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader, err := store.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Release(context.WithoutCancel(ctx))
+	if err := store.RecordError(ctx, leader.Epoch(), "connection refused"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.SetMode(ctx, leader.Epoch(), "poll", "binlog unavailable"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := store.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Mode != "poll" || p.ModeReason != "binlog unavailable" || p.LastError != "connection refused" {
+		t.Fatalf("mode %q, mode_reason %q, last_error %q; want poll, the reason, the error", p.Mode, p.ModeReason, p.LastError)
+	}
+}
+
+// A clean Release leaves no leader in the row (leader_instance NULL), with
+// the epoch unchanged and leader_since and leader_heartbeat kept as
+// history; ReadStatus then shows no leader.
+func TestReleaseClearsLeaderInstance(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	store, err := checkpoint.New(db, checkpoint.Config{Instance: "host-a:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader, err := store.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := checkpoint.ReadStatus(ctx, db, "default", 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Leader == nil || rows[0].Leader.Instance != "host-a:1" || !rows[0].Leader.Alive {
+		t.Fatalf("while leading: %+v", rows)
+	}
+	if err := leader.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := store.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.LeaderInstance != "" || p.Epoch != leader.Epoch() || p.LeaderSince.IsZero() || p.LeaderHeartbeat.IsZero() {
+		t.Fatalf("after release: leader %q epoch %d (was %d) since %v heartbeat %v", p.LeaderInstance, p.Epoch, leader.Epoch(), p.LeaderSince, p.LeaderHeartbeat)
+	}
+	rows, err = checkpoint.ReadStatus(ctx, db, "default", 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Leader != nil {
+		t.Fatalf("after release: %+v", rows)
+	}
+}

@@ -1,0 +1,282 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+func init() {
+	register(&command{
+		name:    "status",
+		summary: "show each relay's status, leader, checkpoint and backlog",
+		help: `Reads outbox_relay_progress (every relay name, or --relay-name's), the
+outbox table (--table) and outbox_failed; changes nothing.
+
+leader is none when the row names no leader (never started, or stopped
+cleanly). A leader whose heartbeat is older than --leader-lease (give run's
+value) is shown as not alive: the process is gone or stuck, and the next run
+or a standby takes over. pending_rows counts the rows not yet delivered: with
+--on-delivered=delete every row of the table, with mark those whose
+delivered_at is NULL (give run's value). retention_headroom_seconds is how
+long the checkpoint's binlog file is certain to survive the server's expiry;
+null when unknown (polling, no binlog, or no expiry bound).
+
+--json prints an array with one object per relay name. Exit codes: 0 done, 1
+a database failure, 2 bad usage or an unknown relay name.`,
+		setup: setupStatus,
+	})
+}
+
+// readFlags are what status and checkpoint read the database with.
+type readFlags struct {
+	dsn, table, relayName, onDelivered string
+	lease                              time.Duration
+	json                               bool
+}
+
+func declareRead(fs *flag.FlagSet, relayHelp, relayDefault string) *readFlags {
+	r := &readFlags{}
+	fs.StringVar(&r.dsn, "mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname")
+	fs.StringVar(&r.table, "table", outbox.DefaultTable, "outbox table `name`")
+	fs.StringVar(&r.relayName, "relay-name", relayDefault, relayHelp)
+	fs.DurationVar(&r.lease, "leader-lease", 10*time.Second, "run's --leader-lease: a leader whose heartbeat is older is shown as not alive")
+	fs.BoolVar(&r.json, "json", false, "print JSON for scripts instead of text for people")
+	return r
+}
+
+// open checks the flags and connects to the database.
+func (r *readFlags) open(ctx context.Context) (*sql.DB, error) {
+	if _, err := outbox.QuoteTable(r.table); err != nil {
+		return nil, usagef("--table: %v", err)
+	}
+	if r.lease <= 0 {
+		return nil, usagef("--leader-lease %s: want a positive duration", r.lease)
+	}
+	db, _, err := openMySQL(ctx, r.dsn)
+	return db, err
+}
+
+// unknownRelay makes a missing relay name bad usage (exit 2).
+func unknownRelay(err error) error {
+	if errors.Is(err, checkpoint.ErrUnknownRelay) {
+		return &usageError{err}
+	}
+	return err
+}
+
+func setupStatus(fs *flag.FlagSet) runFunc {
+	r := declareRead(fs, "show only this relay `name`; default every relay name", "")
+	fs.StringVar(&r.onDelivered, "on-delivered", checkpoint.Delete, "run's --on-delivered (delete|mark): which rows count as pending")
+	return func(ctx context.Context, inv *invocation) error {
+		if err := noArgs(inv, "status"); err != nil {
+			return err
+		}
+		if r.onDelivered != checkpoint.Delete && r.onDelivered != checkpoint.Mark {
+			return usagef("--on-delivered %q: want delete or mark", r.onDelivered)
+		}
+		db, err := r.open(ctx)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		list, err := readStatus(ctx, db, r)
+		if err != nil {
+			return unknownRelay(err)
+		}
+		if r.json {
+			return printJSON(inv.stdout, list)
+		}
+		return printStatus(inv.stdout, list)
+	}
+}
+
+// statusJSON is one relay's status (design §6).
+type statusJSON struct {
+	RelayName               string         `json:"relay_name"`
+	Status                  string         `json:"status"`
+	Mode                    string         `json:"mode"`
+	ModeReason              *string        `json:"mode_reason"`
+	Epoch                   int64          `json:"epoch"`
+	Leader                  *leaderJSON    `json:"leader"`
+	Checkpoint              checkpointJSON `json:"checkpoint"`
+	PendingRows             int64          `json:"pending_rows"`
+	OldestPendingAgeSeconds *float64       `json:"oldest_pending_age_seconds"`
+	FailedRows              int64          `json:"failed_rows"`
+	RetentionHeadroom       *float64       `json:"retention_headroom_seconds"`
+	ErrorCount              int64          `json:"error_count"`
+	LastError               *string        `json:"last_error"`
+	LastEventAt             *time.Time     `json:"last_event_at"`
+}
+
+type leaderJSON struct {
+	Instance            string     `json:"instance"`
+	Since               *time.Time `json:"since"`
+	HeartbeatAgeSeconds float64    `json:"heartbeat_age_seconds"`
+	Alive               bool       `json:"alive"`
+}
+
+type checkpointJSON struct {
+	Flavor     *string `json:"flavor"`
+	GTIDSet    *string `json:"gtid_set"`
+	BinlogFile *string `json:"binlog_file"`
+	BinlogPos  *uint32 `json:"binlog_pos"`
+}
+
+func orNull(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func timeOrNull(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func leaderOf(s checkpoint.RelayStatus) *leaderJSON {
+	if s.Leader == nil {
+		return nil
+	}
+	return &leaderJSON{Instance: s.Leader.Instance, Since: timeOrNull(s.Leader.Since),
+		HeartbeatAgeSeconds: math.Round(s.Leader.HeartbeatAgeSeconds*1000) / 1000, Alive: s.Leader.Alive}
+}
+
+func checkpointOf(s checkpoint.RelayStatus) checkpointJSON {
+	c := checkpointJSON{Flavor: orNull(s.Position.Flavor), GTIDSet: orNull(s.Position.GTIDSet), BinlogFile: orNull(s.Position.File)}
+	if s.Position.File != "" {
+		p := s.Position.Pos
+		c.BinlogPos = &p
+	}
+	return c
+}
+
+// readStatus gathers the progress rows, the backlog and the retention
+// headroom. The headroom is best effort: a server without binlogs, without
+// expiry, or a position it cannot place gives null, not a failure.
+func readStatus(ctx context.Context, db *sql.DB, r *readFlags) ([]statusJSON, error) {
+	rows, err := checkpoint.ReadStatus(ctx, db, r.relayName, r.lease)
+	if err != nil {
+		return nil, err
+	}
+	backlog, err := checkpoint.ReadBacklog(ctx, db, r.table, r.onDelivered)
+	if err != nil {
+		return nil, err
+	}
+	retention, retErr := metrics.ReadBinlogRetention(ctx, db)
+	list := make([]statusJSON, 0, len(rows))
+	for _, s := range rows {
+		j := statusJSON{RelayName: s.RelayName, Status: s.Status, Mode: s.Mode, ModeReason: orNull(s.ModeReason),
+			Epoch: s.Epoch, Leader: leaderOf(s), Checkpoint: checkpointOf(s),
+			PendingRows: backlog.PendingRows, OldestPendingAgeSeconds: backlog.OldestPendingAgeSeconds,
+			FailedRows: backlog.FailedRows, ErrorCount: s.ErrorCount, LastError: orNull(s.LastError),
+			LastEventAt: timeOrNull(s.LastEventAt)}
+		if retErr == nil && s.Mode == "binlog" && s.Position.File != "" {
+			// Purged is a headroom of 0; no expiry (+Inf) has no JSON
+			// number and shows as null, like unknown.
+			h, err := retention.Headroom(s.Position.File, s.LastEventAt)
+			if errors.Is(err, metrics.ErrBinlogPurged) || err == nil && !math.IsNaN(h) && !math.IsInf(h, 0) {
+				h = max(h, 0)
+				j.RetentionHeadroom = &h
+			}
+		}
+		list = append(list, j)
+	}
+	return list, nil
+}
+
+func printStatus(w io.Writer, list []statusJSON) error {
+	if len(list) == 0 {
+		_, err := fmt.Fprintln(w, "no relay has a progress row yet: none has run against this database")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for i, s := range list {
+		if i > 0 {
+			fmt.Fprintln(tw)
+		}
+		fmt.Fprintf(tw, "relay\t%s\n", s.RelayName)
+		fmt.Fprintf(tw, "status\t%s\n", s.Status)
+		fmt.Fprintf(tw, "mode\t%s%s\n", s.Mode, paren(s.ModeReason))
+		fmt.Fprintf(tw, "epoch\t%d\n", s.Epoch)
+		fmt.Fprintf(tw, "leader\t%s\n", leaderText(s.Leader))
+		fmt.Fprintf(tw, "checkpoint\t%s\n", checkpointText(s.Checkpoint))
+		fmt.Fprintf(tw, "pending rows\t%d%s\n", s.PendingRows, ageText(", oldest ", s.OldestPendingAgeSeconds, " old"))
+		fmt.Fprintf(tw, "failed rows\t%d\n", s.FailedRows)
+		fmt.Fprintf(tw, "retention headroom\t%s\n", ageText("", s.RetentionHeadroom, ""))
+		fmt.Fprintf(tw, "errors\t%d%s\n", s.ErrorCount, paren(s.LastError))
+		fmt.Fprintf(tw, "last event\t%s\n", timeText(s.LastEventAt))
+	}
+	return tw.Flush()
+}
+
+func paren(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return " (" + *s + ")"
+}
+
+func leaderText(l *leaderJSON) string {
+	if l == nil {
+		return "none"
+	}
+	state := "alive"
+	if !l.Alive {
+		state = "NOT ALIVE (heartbeat older than the lease)"
+	}
+	since := "?"
+	if l.Since != nil {
+		since = utcText(*l.Since)
+	}
+	return fmt.Sprintf("%s since %s, heartbeat %ss ago, %s", l.Instance, since,
+		strconv.FormatFloat(l.HeartbeatAgeSeconds, 'f', 1, 64), state)
+}
+
+func checkpointText(c checkpointJSON) string {
+	var out string
+	if c.GTIDSet != nil {
+		out = "gtid " + *c.GTIDSet
+	}
+	if c.BinlogFile != nil {
+		if out != "" {
+			out += ", "
+		}
+		out += fmt.Sprintf("file %s pos %d", *c.BinlogFile, *c.BinlogPos)
+	}
+	if out == "" {
+		return "none"
+	}
+	return out
+}
+
+func ageText(prefix string, secs *float64, suffix string) string {
+	if secs == nil {
+		if prefix == "" {
+			return "unknown"
+		}
+		return ""
+	}
+	return prefix + (time.Duration(*secs * float64(time.Second))).Round(time.Second).String() + suffix
+}
+
+func timeText(t *time.Time) string {
+	if t == nil {
+		return "none"
+	}
+	return utcText(*t)
+}

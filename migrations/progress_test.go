@@ -1,0 +1,52 @@
+package migrations_test
+
+import (
+	"context"
+	"database/sql"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// A progress table from before 0005 (no mode_reason, a row in it) gets the
+// column on the next migrate, NULL, and keeps its row; running migrate
+// again does nothing.
+func TestApplyAddsModeReason(t *testing.T) {
+	db := testenv.MySQL(t).SQL
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"ALTER TABLE outbox_relay_progress DROP COLUMN mode_reason",
+		"DELETE FROM outbox_relay_migrations WHERE version LIKE '0005%'",
+		"INSERT INTO outbox_relay_progress (relay_name, gtid_set, mode, epoch, last_error) VALUES ('r', '0-1-7', 'poll', 3, 'boom')",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	applied, err := migrations.Apply(ctx, db, migrations.Options{})
+	if want := []string{"0005_progress_mode_reason"}; err != nil || !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, %v; want %v", applied, err, want)
+	}
+	var (
+		gtid, mode, lastErr string
+		epoch               int64
+		reason              sql.NullString
+	)
+	if err := db.QueryRowContext(ctx, `SELECT gtid_set, mode, epoch, last_error, mode_reason
+		FROM outbox_relay_progress WHERE relay_name = 'r'`).Scan(&gtid, &mode, &epoch, &lastErr, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if gtid != "0-1-7" || mode != "poll" || epoch != 3 || lastErr != "boom" || reason.Valid {
+		t.Fatalf("row after migrate: %q %q %d %q %v", gtid, mode, epoch, lastErr, reason)
+	}
+	if applied, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil || len(applied) != 0 {
+		t.Fatalf("third migrate applied %v, %v", applied, err)
+	}
+}
