@@ -77,8 +77,10 @@ func CurrentPosition(ctx context.Context, db *sql.DB) (position.Position, error)
 // log_bin=ON, binlog_format=ROW, binlog_row_image=FULL,
 // binlog_row_metadata=FULL, REPLICATION SLAVE and REPLICATION CLIENT granted
 // to db's user (which should be cfg.User), and cfg.ServerID unused by the
-// server and its registered replicas. The first failure is returned as a
-// *PreflightError whose one-line message names the fix.
+// server and its registered replicas. One failure is returned as a
+// *PreflightError whose one-line message names the fix; several as
+// PreflightErrors, whose one line lists each with its fix (errors.As finds
+// the first *PreflightError through it).
 //
 // Settings are read GLOBAL: they are what new writer sessions get. A writer
 // that changes binlog_format or binlog_row_image in its own session is not
@@ -108,40 +110,53 @@ func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("preflight: read binlog settings: %w", err)
 	}
+	// Every failing setting and grant is collected, so one run names all
+	// the fixes instead of one per restart.
+	var fails PreflightErrors
 	if logBin != "1" && !strings.EqualFold(logBin, "ON") {
-		return &PreflightError{Check: CheckLogBin, Problem: "log_bin is OFF (the server writes no binlog)",
-			Fix: "enable the binary log: my.cnf [mysqld] log-bin=<name>, then restart the server (log_bin cannot change at runtime)"}
+		fails = append(fails, &PreflightError{Check: CheckLogBin, Problem: "log_bin is OFF (the server writes no binlog)",
+			Fix: "enable the binary log: my.cnf [mysqld] log-bin=<name>, then restart the server (log_bin cannot change at runtime)"})
 	}
 	if !strings.EqualFold(format, "ROW") {
-		return &PreflightError{Check: CheckFormat, Problem: "binlog_format is " + format,
-			Fix: "set binlog_format=ROW (my.cnf [mysqld] binlog-format=ROW, or SET GLOBAL binlog_format='ROW')"}
+		fails = append(fails, &PreflightError{Check: CheckFormat, Problem: "binlog_format is " + format,
+			Fix: "set binlog_format=ROW (my.cnf [mysqld] binlog-format=ROW, or SET GLOBAL binlog_format='ROW')"})
 	}
 	if !strings.EqualFold(image, "FULL") {
-		return &PreflightError{Check: CheckRowImage, Problem: "binlog_row_image is " + image,
-			Fix: "set binlog_row_image=FULL (my.cnf [mysqld] binlog-row-image=FULL, or SET GLOBAL binlog_row_image='FULL')"}
+		fails = append(fails, &PreflightError{Check: CheckRowImage, Problem: "binlog_row_image is " + image,
+			Fix: "set binlog_row_image=FULL (my.cnf [mysqld] binlog-row-image=FULL, or SET GLOBAL binlog_row_image='FULL')"})
 	}
 	var meta string
 	if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.binlog_row_metadata").Scan(&meta); err != nil {
 		var me *driver.MySQLError
-		if errors.As(err, &me) && me.Number == 1193 { // unknown system variable
-			return &PreflightError{Check: CheckRowMetadata, Problem: "the server has no binlog_row_metadata (too old)",
-				Fix: "use MySQL 8.0.1+ or MariaDB 10.5+ and set binlog_row_metadata=FULL"}
+		if !errors.As(err, &me) || me.Number != 1193 { // unknown system variable
+			return fmt.Errorf("preflight: read binlog_row_metadata: %w", err)
 		}
-		return fmt.Errorf("preflight: read binlog_row_metadata: %w", err)
-	}
-	if !strings.EqualFold(meta, "FULL") {
-		return &PreflightError{Check: CheckRowMetadata, Problem: "binlog_row_metadata is " + meta,
-			Fix: "set binlog_row_metadata=FULL (my.cnf [mysqld] binlog-row-metadata=FULL, or SET GLOBAL binlog_row_metadata='FULL')"}
+		fails = append(fails, &PreflightError{Check: CheckRowMetadata, Problem: "the server has no binlog_row_metadata (too old)",
+			Fix: "use MySQL 8.0.1+ or MariaDB 10.5+ and set binlog_row_metadata=FULL"})
+	} else if !strings.EqualFold(meta, "FULL") {
+		fails = append(fails, &PreflightError{Check: CheckRowMetadata, Problem: "binlog_row_metadata is " + meta,
+			Fix: "set binlog_row_metadata=FULL (my.cnf [mysqld] binlog-row-metadata=FULL, or SET GLOBAL binlog_row_metadata='FULL')"})
 	}
 
-	if err := checkGrants(ctx, db, flavor); err != nil {
+	grantFails, err := checkGrants(ctx, db, flavor)
+	if err != nil {
 		return err
 	}
+	fails = append(fails, grantFails...)
 
 	if cfg.ServerID == serverID {
-		return &PreflightError{Check: CheckServerID,
+		fails = append(fails, &PreflightError{Check: CheckServerID,
 			Problem: fmt.Sprintf("server id %d is the server's own @@server_id", cfg.ServerID),
-			Fix:     "choose another --server-id, unique among the server and its replicas and binlog clients"}
+			Fix:     "choose another --server-id, unique among the server and its replicas and binlog clients"})
+	}
+	switch len(fails) {
+	case 0:
+	case 1:
+		return fails[0]
+	default:
+		// The clash with other replicas (below) is checked once these are
+		// fixed: it may wait for a stale registration to go.
+		return fails
 	}
 	// A relay restarted right after a crash finds its own dead binlog
 	// connection still registered under its id: the server only notices the
@@ -209,33 +224,34 @@ var (
 	replClientEquivalents = []string{"REPLICATION CLIENT", "BINLOG MONITOR", "ALL PRIVILEGES", "ALL"}
 )
 
-func checkGrants(ctx context.Context, db *sql.DB, flavor string) error {
+func checkGrants(ctx context.Context, db *sql.DB, flavor string) ([]*PreflightError, error) {
 	var user string
 	if err := db.QueryRowContext(ctx, "SELECT CURRENT_USER()").Scan(&user); err != nil {
-		return fmt.Errorf("preflight: read CURRENT_USER(): %w", err)
+		return nil, fmt.Errorf("preflight: read CURRENT_USER(): %w", err)
 	}
 	rows, err := db.QueryContext(ctx, "SHOW GRANTS")
 	if err != nil {
-		return fmt.Errorf("preflight: SHOW GRANTS: %w", err)
+		return nil, fmt.Errorf("preflight: SHOW GRANTS: %w", err)
 	}
 	defer rows.Close()
 	var grants []string
 	for rows.Next() {
 		var g string
 		if err := rows.Scan(&g); err != nil {
-			return fmt.Errorf("preflight: SHOW GRANTS: %w", err)
+			return nil, fmt.Errorf("preflight: SHOW GRANTS: %w", err)
 		}
 		grants = append(grants, g)
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("preflight: SHOW GRANTS: %w", err)
+		return nil, fmt.Errorf("preflight: SHOW GRANTS: %w", err)
 	}
 	privs := globalPrivileges(grants)
 	account := quoteAccount(user)
+	var fails []*PreflightError
 	if !hasAny(privs, replSlaveEquivalents) {
-		return &PreflightError{Check: CheckReplSlave,
+		fails = append(fails, &PreflightError{Check: CheckReplSlave,
 			Problem: fmt.Sprintf("user %s lacks REPLICATION SLAVE (the binlog dump would fail with a misleading access error)", account),
-			Fix:     fmt.Sprintf("GRANT REPLICATION SLAVE ON *.* TO %s", account)}
+			Fix:     fmt.Sprintf("GRANT REPLICATION SLAVE ON *.* TO %s", account)})
 	}
 	if !hasAny(privs, replClientEquivalents) {
 		name, problem := "REPLICATION CLIENT", "REPLICATION CLIENT"
@@ -243,11 +259,11 @@ func checkGrants(ctx context.Context, db *sql.DB, flavor string) error {
 			// MariaDB 10.5 renamed it; SHOW GRANTS prints the new name.
 			name, problem = "BINLOG MONITOR", "REPLICATION CLIENT (BINLOG MONITOR)"
 		}
-		return &PreflightError{Check: CheckReplClient,
+		fails = append(fails, &PreflightError{Check: CheckReplClient,
 			Problem: fmt.Sprintf("user %s lacks %s, needed to read binlog positions and list binlogs", account, problem),
-			Fix:     fmt.Sprintf("GRANT %s ON *.* TO %s", name, account)}
+			Fix:     fmt.Sprintf("GRANT %s ON *.* TO %s", name, account)})
 	}
-	return nil
+	return fails, nil
 }
 
 // globalPrivileges extracts the privileges granted ON *.* from SHOW GRANTS
@@ -382,6 +398,30 @@ func CheckPosition(ctx context.Context, db *sql.DB, pos position.Position) error
 		}
 	}
 	return nil
+}
+
+// PreflightErrors is every failed check of one Preflight, in check order.
+type PreflightErrors []*PreflightError
+
+func (e PreflightErrors) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d server settings prevent binlog mode:", len(e))
+	for i, pe := range e {
+		fmt.Fprintf(&b, " (%d) %s", i+1, pe.Error())
+		if i < len(e)-1 {
+			b.WriteByte(';')
+		}
+	}
+	return b.String()
+}
+
+// Unwrap lets errors.As find each *PreflightError.
+func (e PreflightErrors) Unwrap() []error {
+	out := make([]error, len(e))
+	for i, pe := range e {
+		out[i] = pe
+	}
+	return out
 }
 
 // queryMaps runs a statement whose columns vary across versions and returns

@@ -43,6 +43,15 @@ type Config struct {
 	// OnReconnect, when set, is called after every successful redial (not
 	// the first dial), for a reconnects metric. It must not block.
 	OnReconnect func()
+	// OnDial, when set, is called after every dial attempt, the first
+	// included, with nil when it connected or else an error naming the
+	// broker (redacted URL) and the cause. It must not block.
+	OnDial func(err error)
+	// RetryRefused makes New succeed when the broker refuses the user,
+	// password or vhost (ACCESS_REFUSED, NOT_ALLOWED): the Publisher keeps
+	// redialling in the background as for an unreachable broker, so an
+	// operator can fix the broker without the caller giving up what it holds.
+	RetryRefused bool
 }
 
 // Validate applies the defaults to zero fields and checks the rest. Errors

@@ -49,7 +49,7 @@ type Publisher struct {
 
 // New validates cfg and dials once, so a bad URL, bad credentials or a vhost
 // the user may not use fail at once with a clear error (ACCESS_REFUSED is
-// fatal). When the broker cannot be reached (connection refused, timeout) New
+// fatal unless cfg.RetryRefused). When the broker cannot be reached (connection refused, timeout) New
 // still succeeds and keeps dialling in the background: a relay may start
 // before its broker. The Publisher lives until Close or until ctx ends; after
 // ctx ends Publish and Flush return ErrClosed, and Close must still be called.
@@ -71,13 +71,14 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	}
 	conn, err := p.dial()
 	if err != nil {
-		if fatalDialError(err) {
+		err = p.dialError(err)
+		if fatalDialError(err) && !cfg.RetryRefused {
 			cancel()
-			return nil, fmt.Errorf("connect to AMQP broker %s: ACCESS_REFUSED, check the user, password and vhost: %w",
-				redactURL(cfg.URL), err)
+			return nil, err
 		}
-		p.log.Warn("AMQP broker unreachable, retrying in the background", zap.Error(err))
+		p.log.Warn("cannot connect to the AMQP broker, retrying in the background", zap.Error(err))
 	}
+	p.noteDial(err)
 	p.wg.Add(2)
 	go p.supervise(conn)
 	go p.checkExchanges()
@@ -119,6 +120,21 @@ func (p *Publisher) dial() (*amqp.Connection, error) {
 	})
 }
 
+// dialError names the broker (redacted URL) and, for a refusal, what to
+// check.
+func (p *Publisher) dialError(err error) error {
+	if fatalDialError(err) {
+		return fmt.Errorf("connect to AMQP broker %s: ACCESS_REFUSED, check the user, password and vhost: %w", redactURL(p.cfg.URL), err)
+	}
+	return fmt.Errorf("connect to AMQP broker %s: %w", redactURL(p.cfg.URL), err)
+}
+
+func (p *Publisher) noteDial(err error) {
+	if p.cfg.OnDial != nil {
+		p.cfg.OnDial(err)
+	}
+}
+
 // supervise owns the connection: it watches it, tracks connection.blocked
 // and redials after a loss until p.ctx ends.
 func (p *Publisher) supervise(conn *amqp.Connection) {
@@ -137,9 +153,12 @@ func (p *Publisher) supervise(conn *amqp.Connection) {
 				if p.ctx.Err() != nil {
 					return
 				}
+				err = p.dialError(err)
 				p.log.Warn("dial AMQP broker", zap.Error(err))
+				p.noteDial(err)
 				continue
 			}
+			p.noteDial(nil)
 			if everConnected {
 				p.log.Info("reconnected to AMQP broker")
 				if p.cfg.OnReconnect != nil {

@@ -34,7 +34,13 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 	defer r.maintainWhileLeading(ctx, leader)()
 	mode, reason := r.startMode(ctx)
 	for {
-		r.log.Info("mode", zap.String("mode", mode), zap.String("reason", reason))
+		logMode := r.log.Info
+		if mode == ModePoll && r.cfg.Mode == ModeAuto {
+			// A fallback: the reason lists what keeps binlog mode off and
+			// how to fix each.
+			logMode = r.log.Warn
+		}
+		logMode("mode", zap.String("mode", mode), zap.String("reason", reason))
 		r.mode.Store(mode)
 		r.cfg.Metrics.SetMode(mode)
 		if mode == ModePoll {
@@ -232,6 +238,18 @@ func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 		URL: r.cfg.AMQPURL, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
 		Logger:      r.log.Named("publish"),
 		OnReconnect: func() { r.cfg.Metrics.Reconnected(metrics.TargetAMQP) },
+		// A broker that refuses or cannot be reached is retried while the
+		// relay keeps leadership; each failed attempt is counted and is
+		// the readiness reason until a dial succeeds.
+		RetryRefused: true,
+		OnDial: func(err error) {
+			if err == nil {
+				r.brokerDown.Store("")
+				return
+			}
+			r.cfg.Metrics.Reconnected(metrics.TargetAMQP)
+			r.brokerDown.Store("cannot publish: " + err.Error())
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)

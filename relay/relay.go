@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -18,6 +19,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/position"
 )
 
@@ -34,6 +37,10 @@ type Relay struct {
 	mode    atomic.Value // string: the mode of the current term
 
 	notReady atomic.Value // string: why the relay is not ready ("" when a healthy standby)
+	// brokerDown is the last failed dial of the current term's publisher
+	// ("" once a dial succeeded or the term ended): it makes the relay
+	// not ready even while it leads.
+	brokerDown atomic.Value // string
 
 	// published is the newest position this process acknowledged, kept
 	// across reconnects and leader terms: the failover check (checkNotLost)
@@ -47,9 +54,13 @@ type Relay struct {
 
 // Ready is nil when the relay does its job: it leads and delivers (tails the
 // binlog or polls), or it is a standby whose last attempt at leadership
-// reached the database. Otherwise it says what is wrong. No I/O: /readyz
+// reached the database, and its broker connection is not failing. Otherwise
+// it says what is wrong. No I/O: /readyz
 // calls it.
 func (r *Relay) Ready() error {
+	if msg, _ := r.brokerDown.Load().(string); msg != "" {
+		return errors.New(msg)
+	}
 	if r.Tailing() || r.Polling() {
 		return nil
 	}
@@ -170,6 +181,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		m.SetLeader(true)
 		started := time.Now()
 		err = r.lead(ctx, leader)
+		r.brokerDown.Store("")
 		m.SetLeader(false)
 		m.SetMode("")
 		r.notReady.Store("leadership ended: restarting")
@@ -199,29 +211,77 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// preflight checks the server once, before leadership: a server that cannot
-// serve binlog mode is a setup error, reported with the fix.
+// preflight checks the server once, before leadership: a server that refuses
+// the relay's user or database, lacks the relay's tables, or (in binlog mode)
+// cannot serve the binlog is reported at once with the fix.
 func (r *Relay) preflight(ctx context.Context) error {
-	var err error
+	if err := r.ping(ctx); err != nil {
+		return err
+	}
+	if r.cfg.Mode == ModeBinlog { // auto falls back to polling; poll needs no binlog
+		if err := canal.Preflight(ctx, r.db, r.canal); err != nil {
+			return &ConfigError{err}
+		}
+	}
+	return r.checkTables(ctx)
+}
+
+// ping reaches the server. A refusal (wrong password, unknown database,
+// nothing listening) is reported at once: retrying does not change the
+// answer, and a supervisor restarts the process anyway. Only an attempt that
+// times out or breaks mid-handshake is retried (5 attempts, 1 s apart): a
+// server that is starting or a network blip can clear within seconds.
+func (r *Relay) ping(ctx context.Context) error {
+	where := fmt.Sprintf("MySQL at %s as user %q, database %q", net.JoinHostPort(r.canal.Host, strconv.Itoa(r.canal.Port)), r.canal.User, r.canal.Schema)
 	for attempt := 0; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = r.db.PingContext(pctx)
+		err := r.db.PingContext(pctx)
 		cancel()
-		if err == nil || ctx.Err() != nil || attempt == 4 {
-			break
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		var me *mysql.MySQLError
+		switch {
+		case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044): // ER_ACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR
+			return &ConfigError{fmt.Errorf("connect to %s: access denied (%s); check the password in --mysql-dsn, that the user may connect from this host, and its grants on the database", where, me.Message)}
+		case errors.As(err, &me) && me.Number == 1049: // ER_BAD_DB_ERROR
+			return &ConfigError{fmt.Errorf("connect to %s: database %q does not exist; create it (CREATE DATABASE `%s` CHARACTER SET utf8mb4) and run `outbox-relay migrate`, or fix --mysql-dsn", where, r.canal.Schema, r.canal.Schema)}
+		case errors.Is(err, syscall.ECONNREFUSED):
+			return fmt.Errorf("connect to %s: connection refused; check the host and port in --mysql-dsn and that the server is running", where)
+		case attempt == 4:
+			return fmt.Errorf("connect to %s: %w", where, err)
 		}
 		if !backoff.Sleep(ctx, time.Second) {
 			return nil
 		}
 	}
+}
+
+// checkTables makes sure the tables migrate creates exist: without them the
+// relay could only retry leadership forever.
+func (r *Relay) checkTables(ctx context.Context) error {
+	quoted, err := outbox.QuoteTable(r.cfg.Table)
 	if err != nil {
-		return fmt.Errorf("connect to MySQL %s: %w", r.canal.Host, err)
+		return &ConfigError{fmt.Errorf("table: %w", err)}
 	}
-	if r.cfg.Mode != ModeBinlog {
-		return nil // auto falls back to polling; poll needs no binlog
-	}
-	if err := canal.Preflight(ctx, r.db, r.canal); err != nil {
-		return &ConfigError{err}
+	for _, t := range []struct{ name, quoted string }{
+		{migrations.ProgressTable, "`" + migrations.ProgressTable + "`"},
+		{r.cfg.Table, quoted},
+		{migrations.FailedTable, "`" + migrations.FailedTable + "`"},
+	} {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rows, err := r.db.QueryContext(qctx, "SELECT 1 FROM "+t.quoted+" LIMIT 0")
+		if err == nil {
+			err = rows.Close()
+		}
+		cancel()
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1146 { // ER_NO_SUCH_TABLE
+			return &ConfigError{fmt.Errorf("table %q does not exist in database %q; run `outbox-relay migrate` with the same --mysql-dsn and --table first", t.name, r.canal.Schema)}
+		}
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("check table %q: %w", t.name, err)
+		}
 	}
 	return nil
 }

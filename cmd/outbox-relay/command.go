@@ -102,7 +102,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, look
 			printUsage(stdout, c, fs)
 			return nil
 		}
-		return usagef("%s: %v; run 'outbox-relay %s --help'", name, err, name)
+		return usagef("%s: %v; run 'outbox-relay %s --help'", name, explainParseError(fs, err), name)
 	}
 	if err := resolve(fs, lookupEnv, knownKeys()); err != nil {
 		return err

@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -41,7 +45,7 @@ func resolve(fs *flag.FlagSet, lookupEnv func(string) (string, bool), known map[
 			return
 		}
 		if e := fs.Set(f.Name, v); e != nil {
-			err = usagef("environment %s=%q: %v", envName(f.Name), displayValue(f.Name, v), unwrapFlagErr(e))
+			err = usagef("environment %s=%q: %v", envName(f.Name), displayValue(f.Name, v), valueErr(f, v, e))
 			return
 		}
 		fromEnv[f.Name] = true
@@ -65,7 +69,7 @@ func resolve(fs *flag.FlagSet, lookupEnv func(string) (string, bool), known map[
 			continue // another command's key, or overridden
 		}
 		if e := fs.Set(kv.key, kv.value); e != nil {
-			return usagef("config file %s: %s: %q: %v", path, kv.key, displayValue(kv.key, kv.value), unwrapFlagErr(e))
+			return usagef("config file %s: %s: %q: %v", path, kv.key, displayValue(kv.key, kv.value), valueErr(f, kv.value, e))
 		}
 	}
 	return nil
@@ -79,6 +83,47 @@ func unwrapFlagErr(err error) error {
 	}
 	return err
 }
+
+// valueErr is the error of setting flag f to value, saying what is wanted
+// where the flag package only says "parse error": a duration needs a unit.
+func valueErr(f *flag.Flag, value string, err error) error {
+	if !isDuration(f) {
+		return unwrapFlagErr(err)
+	}
+	v := strings.TrimSpace(value)
+	if _, e := strconv.ParseFloat(v, 64); e == nil {
+		return fmt.Errorf("a duration needs a unit: e.g. %ss or %sms", v, v)
+	}
+	return errors.New("not a duration: write a number with a unit, e.g. 5s, 100ms or 2m")
+}
+
+func isDuration(f *flag.Flag) bool {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return false
+	}
+	_, is := g.Get().(time.Duration)
+	return is
+}
+
+// explainParseError rewrites fs.Parse's "invalid value" error for a
+// duration flag given on the command line as valueErr does; other errors
+// pass unchanged.
+func explainParseError(fs *flag.FlagSet, err error) error {
+	m := invalidValue.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	value, e := strconv.Unquote(m[1])
+	f := fs.Lookup(m[2])
+	if e != nil || f == nil || !isDuration(f) {
+		return err
+	}
+	return fmt.Errorf("invalid value %q for flag -%s: %v", displayValue(f.Name, value), f.Name, valueErr(f, value, err))
+}
+
+// invalidValue matches the flag package's error for a value its flag refused.
+var invalidValue = regexp.MustCompile(`^invalid value ("(?:[^"\\]|\\.)*") for flag -([^:]+): `)
 
 // keyValue is one entry of a config file, in file order.
 type keyValue struct{ key, value string }

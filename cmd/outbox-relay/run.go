@@ -6,12 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -74,6 +76,9 @@ func setupRun(fs *flag.FlagSet) runFunc {
 		if serverID > 1<<32-1 {
 			return usagef("--server-id %d: at most %d", serverID, uint32(1<<32-1))
 		}
+		if err := checkAMQPURL(cfg.AMQPURL); err != nil {
+			return err
+		}
 		cfg.ServerID = uint32(serverID)
 		cfg.MaxInflightBytes = int64(maxInflight)
 		cfg.Logger = inv.log
@@ -131,6 +136,20 @@ func setupRun(fs *flag.FlagSet) runFunc {
 		inv.log.Info("stopped")
 		return nil
 	}
+}
+
+// checkAMQPURL refuses, as bad usage, a URL the AMQP client cannot dial:
+// another scheme (http://, the management port's), or one that does not
+// parse. The message shows the wanted form and never the password.
+func checkAMQPURL(raw string) error {
+	if _, err := amqp.ParseURI(raw); err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // url.Error quotes the whole URL, password included
+		}
+		return usagef("--amqp-url %q: %v; the form is amqp://user:pass@host:5672/vhost (amqps:// for TLS)", redactURL(raw), err)
+	}
+	return nil
 }
 
 type driverLog struct{ log *zap.Logger }
