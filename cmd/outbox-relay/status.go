@@ -102,7 +102,7 @@ func setupStatus(fs *flag.FlagSet) runFunc {
 	}
 }
 
-// statusJSON is one relay's status (design §6).
+// statusJSON is one relay's status (docs/operations.md, "Status and checkpoint").
 type statusJSON struct {
 	RelayName               string         `json:"relay_name"`
 	Status                  string         `json:"status"`
