@@ -25,6 +25,22 @@ func DetectFlavor(ctx context.Context, db *sql.DB) (string, error) {
 	return flavorOf(v), nil
 }
 
+// ExecutedGTIDs is every transaction the server's binlog holds or held, in
+// flavor's syntax: @@gtid_binlog_state on MariaDB (the highest sequence
+// number of every domain and server id, unlike @@gtid_binlog_pos, which
+// keeps one per domain), @@gtid_executed on MySQL.
+func ExecutedGTIDs(ctx context.Context, db *sql.DB, flavor string) (string, error) {
+	q := "SELECT @@GLOBAL.gtid_executed"
+	if flavor == FlavorMariaDB {
+		q = "SELECT @@GLOBAL.gtid_binlog_state"
+	}
+	var s sql.NullString
+	if err := db.QueryRowContext(ctx, q).Scan(&s); err != nil {
+		return "", fmt.Errorf("read the server's executed GTIDs (%s): %w", q, err)
+	}
+	return s.String, nil
+}
+
 // CurrentPosition is the server's position now: @@gtid_binlog_pos on MariaDB
 // (always GTID), @@gtid_executed on MySQL with gtid_mode ON, else the file
 // and offset of SHOW BINARY LOG STATUS (SHOW MASTER STATUS before MySQL
@@ -328,24 +344,20 @@ func CheckPosition(ctx context.Context, db *sql.DB, pos position.Position) error
 			return err
 		}
 	}
-	logs, err := queryMaps(ctx, db, "SHOW BINARY LOGS")
+	logs, err := BinaryLogs(ctx, db)
 	if err != nil {
-		return fmt.Errorf("check position %s: SHOW BINARY LOGS: %w", pos, err)
-	}
-	if len(logs) == 0 {
-		return fmt.Errorf("check position %s: the server lists no binary logs (log_bin is OFF)", pos)
+		return fmt.Errorf("check position %s: %w", pos, err)
 	}
 	if !pos.GTIDMode() {
 		for _, l := range logs {
-			if l["log_name"] == pos.File {
-				size, _ := strconv.ParseUint(l["file_size"], 10, 64)
-				if uint64(pos.Pos) > size {
-					return &PurgedError{Position: pos, Detail: fmt.Sprintf("offset %d is beyond the end of %s (%d bytes)", pos.Pos, pos.File, size)}
+			if l.Name == pos.File {
+				if uint64(pos.Pos) > l.Size {
+					return &PurgedError{Position: pos, Detail: fmt.Sprintf("offset %d is beyond the end of %s (%d bytes)", pos.Pos, pos.File, l.Size)}
 				}
 				return nil
 			}
 		}
-		return &PurgedError{Position: pos, Detail: fmt.Sprintf("binlog %s is not in SHOW BINARY LOGS (oldest is %s)", pos.File, logs[0]["log_name"])}
+		return &PurgedError{Position: pos, Detail: fmt.Sprintf("binlog %s is not in SHOW BINARY LOGS (oldest is %s)", pos.File, logs[0].Name)}
 	}
 	if flavor == FlavorMySQL {
 		var notPurged, known bool
@@ -367,7 +379,7 @@ func CheckPosition(ctx context.Context, db *sql.DB, pos position.Position) error
 	if err != nil {
 		return fmt.Errorf("check position: %w", err)
 	}
-	oldestFile := logs[0]["log_name"]
+	oldestFile := logs[0].Name
 	var oldestState, current sql.NullString
 	if err := db.QueryRowContext(ctx, "SELECT BINLOG_GTID_POS(?, 4), @@GLOBAL.gtid_binlog_pos", oldestFile).Scan(&oldestState, &current); err != nil {
 		return fmt.Errorf("check position %s: read the GTID state of %s: %w", pos, oldestFile, err)

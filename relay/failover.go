@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strings"
 
@@ -152,7 +151,7 @@ func (r *Relay) checkNotLost(ctx context.Context, stored position.Position) (los
 			return false, fmt.Errorf("check the checkpoint against the server: %w", err)
 		}
 	}
-	executed, err := executedGTIDs(ctx, r.db, cp.Flavor)
+	executed, err := canal.ExecutedGTIDs(ctx, r.db, cp.Flavor)
 	if err != nil {
 		return false, err
 	}
@@ -184,19 +183,4 @@ func (r *Relay) checkNotLost(ctx context.Context, stored position.Position) (los
 	r.recent, r.recentRows = nil, 0
 	r.publishedMu.Unlock()
 	return true, nil
-}
-
-// executedGTIDs reads the server's executed GTIDs: @@gtid_binlog_state on
-// MariaDB (the highest sequence number of every domain and server id in its
-// binlog), @@gtid_executed on MySQL.
-func executedGTIDs(ctx context.Context, db *sql.DB, flavor string) (string, error) {
-	q := "SELECT @@GLOBAL.gtid_executed"
-	if flavor == position.FlavorMariaDB {
-		q = "SELECT @@GLOBAL.gtid_binlog_state"
-	}
-	var s sql.NullString
-	if err := db.QueryRowContext(ctx, q).Scan(&s); err != nil {
-		return "", fmt.Errorf("read the server's executed GTIDs (%s): %w", q, err)
-	}
-	return s.String, nil
 }

@@ -167,9 +167,9 @@ func serverState(ctx context.Context, db *sql.DB, flavor string, cur position.Po
 	if flavor != canal.FlavorMariaDB {
 		return cur, nil
 	}
-	var state string
-	if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_binlog_state").Scan(&state); err != nil {
-		return position.Position{}, fmt.Errorf("replay: read @@gtid_binlog_state: %w", err)
+	state, err := canal.ExecutedGTIDs(ctx, db, flavor)
+	if err != nil {
+		return position.Position{}, fmt.Errorf("replay: %w", err)
 	}
 	return position.Position{Flavor: flavor, GTIDSet: state}, nil
 }
