@@ -66,6 +66,9 @@ type Leader struct {
 	err        error
 	validUntil time.Time
 	stopOnce   sync.Once
+
+	paused        bool          // the stored status is PAUSED, as last read
+	statusChanged chan struct{} // closed when paused next changes
 }
 
 func (s *Store) lockName() string { return "outbox-relay:" + s.cfg.RelayName }
@@ -84,7 +87,7 @@ func (s *Store) Acquire(ctx context.Context) (*Leader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open leadership connection: %w", err)
 	}
-	l := &Leader{store: s, conn: conn, lost: make(chan struct{}), done: make(chan struct{})}
+	l := &Leader{store: s, conn: conn, lost: make(chan struct{}), done: make(chan struct{}), statusChanged: make(chan struct{})}
 	if err := l.lock(ctx); err != nil {
 		conn.Close()
 		return nil, err
@@ -160,8 +163,7 @@ func (l *Leader) lock(ctx context.Context) error {
 	// Leader) but its connection still holds the lock: a stopped or hung
 	// process. End that connection; the server then releases the lock.
 	if _, err := l.conn.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", holder.Int64)); err != nil {
-		var me *mysql.MySQLError
-		if !errors.As(err, &me) || me.Number != 1094 { // 1094: gone already
+		if !isUnknownThread(err) {
 			return fmt.Errorf("take over relay %q from %s (heartbeat %v old): kill its lock connection %d: %w",
 				s.cfg.RelayName, leader.String, age.Round(time.Millisecond), holder.Int64, err)
 		}
@@ -239,11 +241,34 @@ func (l *Leader) bumpEpoch(ctx context.Context) error {
 		s.cfg.Instance, s.cfg.RelayName); err != nil {
 		return fmt.Errorf("bump leader epoch of relay %q: %w", s.cfg.RelayName, err)
 	}
-	if err := l.conn.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?",
-		s.cfg.RelayName).Scan(&l.epoch); err != nil {
+	var status string
+	if err := l.conn.QueryRowContext(ctx, "SELECT epoch, status FROM outbox_relay_progress WHERE relay_name = ?",
+		s.cfg.RelayName).Scan(&l.epoch, &status); err != nil {
 		return fmt.Errorf("read leader epoch of relay %q: %w", s.cfg.RelayName, err)
 	}
+	l.paused = status == StatusPaused
 	return nil
+}
+
+// Paused reports whether the relay's stored status is PAUSED, as of the
+// last heartbeat (or the start of leadership), and returns a channel that
+// is closed when that next changes. `pause` and `resume` wake the
+// heartbeat (Wake), so a change is seen at once; without the wake, at the
+// next heartbeat.
+func (l *Leader) Paused() (bool, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.paused, l.statusChanged
+}
+
+func (l *Leader) setPaused(paused bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if paused != l.paused {
+		l.paused = paused
+		close(l.statusChanged)
+		l.statusChanged = make(chan struct{})
+	}
 }
 
 // Epoch is this leader's fencing token.
@@ -300,37 +325,47 @@ func (l *Leader) renew(sent time.Time) {
 	l.expiry.Reset(time.Until(l.validUntil))
 }
 
-// heartbeat proves the lock connection alive and the epoch still ours, and
-// renews the lease. Between beats it waits in DO SLEEP on the lock
-// connection, so the connection's end is seen at once.
+// heartbeat proves the lock connection alive and the epoch still ours,
+// renews the lease and reads the status. Between beats it waits in DO SLEEP
+// on the lock connection, so the connection's end is seen at once. A KILL
+// QUERY of a statement on it (Wake, from `pause` and `resume`) makes it
+// beat at once.
 func (l *Leader) heartbeat() {
 	defer close(l.done)
 	s := l.store
 	iv := s.cfg.HeartbeatInterval
-	for {
-		ctx, cancel := context.WithTimeout(l.stopCtx, 2*iv)
-		_, err := l.conn.ExecContext(ctx, fmt.Sprintf("DO SLEEP(%.3f)", iv.Seconds()))
-		cancel()
-		if l.Err() != nil {
-			return // released, or lost elsewhere
-		}
-		if err != nil && !isInterrupted(err) {
-			l.fail(fmt.Errorf("leadership connection of relay %q: %w", s.cfg.RelayName, err))
-			return
+	for wait := true; ; {
+		if wait {
+			ctx, cancel := context.WithTimeout(l.stopCtx, 2*iv)
+			_, err := l.conn.ExecContext(ctx, fmt.Sprintf("DO SLEEP(%.3f)", iv.Seconds()))
+			cancel()
+			if l.Err() != nil {
+				return // released, or lost elsewhere
+			}
+			if err != nil && !isInterrupted(err) {
+				l.fail(fmt.Errorf("leadership connection of relay %q: %w", s.cfg.RelayName, err))
+				return
+			}
 		}
 		sent := time.Now()
-		ctx, cancel = context.WithTimeout(l.stopCtx, 2*iv)
-		var epoch int64
-		_, err = l.conn.ExecContext(ctx, `UPDATE outbox_relay_progress SET leader_heartbeat = NOW(6)
+		ctx, cancel := context.WithTimeout(l.stopCtx, 2*iv)
+		var (
+			epoch  int64
+			status string
+		)
+		_, err := l.conn.ExecContext(ctx, `UPDATE outbox_relay_progress SET leader_heartbeat = NOW(6)
 			WHERE relay_name = ? AND epoch = ?`, s.cfg.RelayName, l.epoch)
 		if err == nil {
-			err = l.conn.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?",
-				s.cfg.RelayName).Scan(&epoch)
+			err = l.conn.QueryRowContext(ctx, "SELECT epoch, status FROM outbox_relay_progress WHERE relay_name = ?",
+				s.cfg.RelayName).Scan(&epoch, &status)
 		}
 		cancel()
 		switch {
 		case l.Err() != nil:
 			return
+		case isInterrupted(err):
+			wait = false // a wake hit the beat itself: beat again at once
+			continue
 		case err != nil:
 			l.fail(fmt.Errorf("leadership heartbeat of relay %q: %w", s.cfg.RelayName, err))
 			return
@@ -338,8 +373,16 @@ func (l *Leader) heartbeat() {
 			l.fail(ErrFenced)
 			return
 		}
+		wait = true
 		l.renew(sent)
+		l.setPaused(status == StatusPaused)
 	}
+}
+
+// isUnknownThread is KILL's error for a connection that is gone already.
+func isUnknownThread(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1094 // ER_NO_SUCH_THREAD
 }
 
 // isInterrupted is a statement ended by KILL QUERY (Release does that to end

@@ -18,8 +18,9 @@ var ErrUnknownRelay = errors.New("no progress row for this relay name")
 // `checkpoint show`). Times are UTC; the zero time means none.
 type RelayStatus struct {
 	RelayName   string
-	Status      string // ACTIVE, PAUSED or FAILED
-	Mode        string // binlog or poll
+	Status      string      // ACTIVE, PAUSED or FAILED
+	Paused      *PauseState // nil unless Status is PAUSED
+	Mode        string      // binlog or poll
 	ModeReason  string
 	Epoch       int64
 	Leader      *LeaderState // nil when the row names no leader (none ever, or a clean stop)
@@ -28,6 +29,17 @@ type RelayStatus struct {
 	LastError   string
 	LastEventAt time.Time
 	UpdatedAt   time.Time
+}
+
+// PauseState is a pause as the row tells it.
+type PauseState struct {
+	Since   time.Time // when `pause` was given
+	Seconds float64   // how long ago, by the server's clock
+	// Stopped: the leader of the row's epoch has stopped reading and
+	// publishing for this pause (it holds what it read, acknowledged).
+	// False while it is still finishing in-flight messages, or when no
+	// leader has seen the pause yet.
+	Stopped bool
 }
 
 // LeaderState is the leader the row names. Alive is false when its
@@ -53,7 +65,8 @@ func (s RelayStatus) Live() bool { return s.Leader != nil && s.Leader.Alive }
 func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Duration) ([]RelayStatus, error) {
 	q := `SELECT relay_name, flavor, gtid_set, binlog_file, binlog_pos, mode, mode_reason, status, epoch,
 		leader_instance, leader_since, TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, UTC_TIMESTAMP(6)),
-		error_count, last_error, last_event_at, updated_at FROM outbox_relay_progress`
+		error_count, last_error, last_event_at, updated_at,
+		paused_at, TIMESTAMPDIFF(MICROSECOND, paused_at, UTC_TIMESTAMP(6)), paused_epoch FROM outbox_relay_progress`
 	var args []any
 	if relayName != "" {
 		q += " WHERE relay_name = ?"
@@ -69,16 +82,21 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 		var (
 			s                                             RelayStatus
 			flavor, gtid, file, reason, leader, lastError sql.NullString
-			since, lastEvent, updated                     sql.NullString
-			pos, hbAge                                    sql.NullInt64
+			since, lastEvent, updated, pausedAt           sql.NullString
+			pos, hbAge, pausedAge, pausedEpoch            sql.NullInt64
 		)
 		if err := rows.Scan(&s.RelayName, &flavor, &gtid, &file, &pos, &s.Mode, &reason, &s.Status, &s.Epoch,
-			&leader, &since, &hbAge, &s.ErrorCount, &lastError, &lastEvent, &updated); err != nil {
+			&leader, &since, &hbAge, &s.ErrorCount, &lastError, &lastEvent, &updated,
+			&pausedAt, &pausedAge, &pausedEpoch); err != nil {
 			return nil, fmt.Errorf("read progress rows: %w", err)
 		}
 		s.Position = position.Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint32(pos.Int64)}
 		s.ModeReason, s.LastError = reason.String, lastError.String
 		s.LastEventAt, s.UpdatedAt = parseTime(lastEvent), parseTime(updated)
+		if s.Status == StatusPaused {
+			s.Paused = &PauseState{Since: parseTime(pausedAt), Seconds: max(float64(pausedAge.Int64)/1e6, 0),
+				Stopped: pausedEpoch.Valid && pausedEpoch.Int64 == s.Epoch}
+		}
 		if leader.Valid {
 			age := float64(hbAge.Int64) / 1e6
 			s.Leader = &LeaderState{Instance: leader.String, Since: parseTime(since), HeartbeatAgeSeconds: age,

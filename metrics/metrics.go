@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,6 +81,9 @@ type Metrics struct {
 	reconnects        *prometheus.CounterVec
 	failedMessages    prometheus.Counter
 	retentionHeadroom prometheus.Gauge
+	paused            prometheus.Gauge
+	pausedSeconds     prometheus.GaugeFunc
+	pausedSince       atomic.Int64 // unix nanoseconds of the pause this process holds; 0 when none
 
 	modeMu sync.Mutex       // makes SetMode's switch of the two series atomic to scrapers
 	now    func() time.Time // the clock of SetLag; time.Now outside tests
@@ -142,8 +146,22 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: Namespace, Name: "binlog_retention_headroom_seconds",
 			Help: "Lower bound on the seconds until the server's binlog expiry may purge the file holding the stored position; +Inf when binlogs never expire, NaN when unknown.",
 		}),
+		paused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "paused",
+			Help: "1 while this instance leads a relay an operator paused and has stopped reading and publishing for it, else 0.",
+		}),
 		now: time.Now,
 	}
+	m.pausedSeconds = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "paused_seconds",
+		Help: "How long this instance has held its relay paused (outbox_relay_paused 1); 0 when not paused.",
+	}, func() float64 {
+		since := m.pausedSince.Load()
+		if since == 0 {
+			return 0
+		}
+		return max(m.now().Sub(time.Unix(0, since)).Seconds(), 0)
+	})
 	for _, v := range modes() {
 		m.mode.WithLabelValues(v).Set(0)
 	}
@@ -169,7 +187,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.mode, m.leader, m.published, m.publishFailures, m.deliveryLatency, m.lag,
 		m.inflightMessages, m.inflightBytes, m.pendingRows, m.reconnects, m.failedMessages,
-		m.retentionHeadroom,
+		m.retentionHeadroom, m.paused, m.pausedSeconds,
 	}
 }
 
@@ -346,6 +364,21 @@ func (m *Metrics) SetRetentionHeadroom(seconds float64) {
 		return
 	}
 	m.retentionHeadroom.Set(seconds)
+}
+
+// SetPaused records whether this instance holds its relay paused (it leads,
+// an operator paused it, and it has stopped reading and publishing). The
+// paused seconds count from the call that set it true.
+func (m *Metrics) SetPaused(paused bool) {
+	if m == nil {
+		return
+	}
+	if paused {
+		m.pausedSince.CompareAndSwap(0, m.now().UnixNano())
+	} else {
+		m.pausedSince.Store(0)
+	}
+	m.paused.Set(boolFloat(paused))
 }
 
 func boolFloat(b bool) float64 {

@@ -67,6 +67,8 @@ func TestNamesTypesAndLabels(t *testing.T) {
 		"outbox_relay_reconnects_total":                  {dto.MetricType_COUNTER, "target", []string{"amqp", "binlog", "mysql"}},
 		"outbox_relay_failed_messages_total":             {typ: dto.MetricType_COUNTER},
 		"outbox_relay_binlog_retention_headroom_seconds": {typ: dto.MetricType_GAUGE},
+		"outbox_relay_paused":                            {typ: dto.MetricType_GAUGE},
+		"outbox_relay_paused_seconds":                    {typ: dto.MetricType_GAUGE},
 	}
 	for name, w := range want {
 		mf, ok := fams[name]
@@ -105,6 +107,20 @@ func TestNamesTypesAndLabels(t *testing.T) {
 
 func TestMetricsMove(t *testing.T) {
 	m, _ := newTestMetrics(t)
+
+	clock := time.Unix(1000, 0)
+	m.now = func() time.Time { return clock }
+	m.SetPaused(true)
+	clock = clock.Add(90 * time.Second)
+	m.SetPaused(true) // still the same pause: counts from the first call
+	if p, s := value(t, m.paused), value(t, m.pausedSeconds); p != 1 || s != 90 {
+		t.Errorf("paused %v for %vs, want 1 for 90s", p, s)
+	}
+	m.SetPaused(false)
+	if p, s := value(t, m.paused), value(t, m.pausedSeconds); p != 0 || s != 0 {
+		t.Errorf("after resume: paused %v for %vs, want 0 for 0s", p, s)
+	}
+	m.now = time.Now
 
 	m.SetLeader(true)
 	if v := value(t, m.leader); v != 1 {

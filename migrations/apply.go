@@ -52,7 +52,7 @@ func plan(table string, partitionedTable bool) []migration {
 		outboxFile = "0001_outbox_partitioned.sql"
 	}
 	return []migration{
-		{"0001_relay_tables", "0001_relay_tables.sql", []string{ProgressTable, FailedTable, DedupTable}},
+		{"0001_relay_tables", "0001_relay_tables.sql", []string{ProgressTable, InstancesTable, FailedTable, DedupTable}},
 		{"0001_outbox:" + table, outboxFile, []string{table}},
 		// The inbox keyed by consumer; it runs again (without effect on an
 		// upgraded inbox) if the attempts table is gone.
@@ -60,6 +60,9 @@ func plan(table string, partitionedTable bool) []migration {
 		// mode_reason on a progress table created before it existed; a
 		// progress table created again by 0001 already has it.
 		{"0005_progress_mode_reason", "0005_progress_mode_reason.sql", nil},
+		// Pause columns and the instances table; it runs again (without
+		// effect on the progress table) if the instances table is gone.
+		{"0006_pause_and_instances", "0006_pause_and_instances.sql", []string{InstancesTable}},
 	}
 }
 
@@ -76,7 +79,8 @@ func plan(table string, partitionedTable bool) []migration {
 //     anything is created. Extra columns and indexes are fine. The one
 //     missing columns accepted are message_deduplication's consumer (version
 //     0004_dedup_consumer adds it and keys the table by it, keeping its rows)
-//     and outbox_relay_progress's mode_reason (0005_progress_mode_reason).
+//     and outbox_relay_progress's mode_reason (0005_progress_mode_reason),
+//     paused_at and paused_epoch (0006_pause_and_instances).
 //   - A version runs when it is not recorded, or when a table it creates no
 //     longer exists. Tables are only ever created (CREATE TABLE IF NOT
 //     EXISTS), never altered destructively or dropped. Two steps follow the

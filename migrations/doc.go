@@ -8,12 +8,16 @@
 // [*SchemaError] naming the table and column. Extra columns are allowed.
 //
 // Versions are "0001_relay_tables" for the tables shared by all outbox
-// tables (outbox_relay_progress, outbox_failed, message_deduplication) and
+// tables (outbox_relay_progress, outbox_relay_instances, outbox_failed,
+// message_deduplication) and
 // "0001_outbox:<table>" for each outbox table, so one database can hold
 // several outbox tables (the relay's --table). "0004_dedup_consumer" keys
 // the inbox (message_deduplication) by consumer, keeping its rows, and
 // creates message_inbox_attempts. "0005_progress_mode_reason" adds
-// outbox_relay_progress.mode_reason to a table created before it.
+// outbox_relay_progress.mode_reason to a table created before it;
+// "0006_pause_and_instances" adds its paused_at and paused_epoch and creates
+// outbox_relay_instances. A running relay checks that every column it uses
+// exists (Current) and otherwise exits naming migrate.
 // "0003_created_at_utc:<table>" follows the
 // outbox's state rather than the record: it runs on an outbox whose
 // created_at defaults to the session's local time (CURRENT_TIMESTAMP(6), as

@@ -60,6 +60,8 @@ func shapes(outboxTable string) []shape {
 			{"mode", "varchar(16)"},
 			{"mode_reason", "varchar(1024)"},
 			{"status", "varchar(16)"},
+			{"paused_at", "datetime(6)"},
+			{"paused_epoch", "bigint"},
 			{"epoch", "bigint"},
 			{"leader_instance", "varchar(255)"},
 			{"leader_since", "datetime(6)"},
@@ -68,6 +70,13 @@ func shapes(outboxTable string) []shape {
 			{"last_error", "varchar(1024)"},
 			{"last_event_at", "datetime(6)"},
 			{"updated_at", "datetime(6)"},
+		}},
+		{"table", InstancesTable, []column{
+			{"relay_name", "varchar(255)"},
+			{"instance", "varchar(255)"},
+			{"role", "varchar(16)"},
+			{"started_at", "datetime(6)"},
+			{"heartbeat", "datetime(6)"},
 		}},
 		{"table", FailedTable, failedCols},
 		{"table", DedupTable, []column{
@@ -96,6 +105,7 @@ const (
 	FailedTable     = "outbox_failed"
 	DedupTable      = "message_deduplication"
 	AttemptsTable   = "message_inbox_attempts"
+	InstancesTable  = "outbox_relay_instances"
 	MigrationsTable = "outbox_relay_migrations"
 )
 
@@ -104,9 +114,10 @@ const (
 // upgrades, not a mismatch.
 func addedLater(table, column string) bool {
 	// 0004_dedup_consumer: the inbox keyed by consumer;
-	// 0005_progress_mode_reason: why the relay is in its mode.
+	// 0005_progress_mode_reason: why the relay is in its mode;
+	// 0006_pause_and_instances: the pause.
 	return table == DedupTable && column == "consumer" ||
-		table == ProgressTable && column == "mode_reason"
+		table == ProgressTable && (column == "mode_reason" || column == "paused_at" || column == "paused_epoch")
 }
 
 // ErrSchemaMismatch is matched (errors.Is) by every [*SchemaError].

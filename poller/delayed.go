@@ -52,7 +52,9 @@ func (s *DelayedSweeper) Pending(ctx context.Context) (bool, error) {
 
 // Round delivers up to Batch due delayed rows and returns how many.
 // At-least-once like every round: if it fails after publishing, the rows
-// stay pending and are published again.
+// stay pending and are published again. Like a poll round it asks
+// Config.Leading after its claim: an error wrapping
+// checkpoint.ErrLeaseExpired, nothing published, when it says no.
 func (s *DelayedSweeper) Round(ctx context.Context) (int, error) {
 	w, p := s.w, s.w.p
 	tx, err := p.db.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
@@ -73,6 +75,9 @@ func (s *DelayedSweeper) Round(ctx context.Context) (int, error) {
 	}
 	if len(recs) == 0 {
 		return 0, nil
+	}
+	if err := p.checkLeading(len(recs)); err != nil {
+		return 0, err
 	}
 	items, err := w.publish(ctx, recs)
 	if err != nil {

@@ -85,9 +85,11 @@ func (p *Poller) Config() Config { return p.cfg }
 // Run polls with cfg.Workers workers until ctx ends, and returns nil then,
 // or the first fatal error, after stopping every worker: checkpoint.ErrFenced
 // (wrapped; match with errors.Is) when the progress row moved to a newer
-// epoch — leadership is lost and nothing more was acknowledged — or an error
-// no retry can fix (missing table, column or index, access denied, the
-// publisher closed). Other failures (database or broker unreachable,
+// epoch — leadership is lost and nothing more was acknowledged —,
+// checkpoint.ErrLeaseExpired (wrapped) when cfg.Leading said no after a
+// round's claim — that round published nothing —, or an error no retry can
+// fix (missing table, column or index, access denied, the publisher
+// closed). Other failures (database or broker unreachable,
 // deadlock) abandon the round, are logged, and the worker retries with
 // backoff. On ctx end a worker finishes its round if every message of it has
 // its Result, else rolls it back (those rows are published again later:
@@ -430,6 +432,11 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 		return 0
 	})
 
+	// Claimed, nothing published yet: a leader whose lease has expired
+	// meanwhile rolls the round back.
+	if err := p.checkLeading(len(recs)); err != nil {
+		return 0, true, err
+	}
 	t1 := time.Now()
 	items, err := w.publish(ctx, recs)
 	if err != nil {
@@ -457,6 +464,16 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 	w.log.Debug("poll round committed", zap.Int("rows", len(recs)), zap.Int("failed", len(failed)),
 		zap.Duration("claim", t1.Sub(t0)), zap.Duration("publish", t2.Sub(t1)), zap.Duration("ack", t3.Sub(t2)))
 	return len(recs), true, nil
+}
+
+// checkLeading asks cfg.Leading, between a round's claim of n rows and its
+// first publish, whether this process may still publish; an error wrapping
+// checkpoint.ErrLeaseExpired when not (the caller rolls the round back).
+func (p *Poller) checkLeading(n int) error {
+	if p.cfg.Leading == nil || p.cfg.Leading() {
+		return nil
+	}
+	return fmt.Errorf("poll round of %d claimed rows rolled back unpublished: no longer leading: %w", n, checkpoint.ErrLeaseExpired)
 }
 
 // claim locks up to limit of ids (sorted) that are pending, due and not
@@ -599,10 +616,11 @@ func (p *Poller) ack(ctx context.Context, tx *sql.Tx, recs []*outbox.Record, fai
 	return p.store.AckRows(ctx, tx, ordering.RangesOf(ids), mids, failed)
 }
 
-// fatal reports whether retrying cannot help: leadership lost, the
-// publisher closed, or the schema or grants are wrong.
+// fatal reports whether retrying cannot help: leadership lost (fenced, or
+// the lease expired), the publisher closed, or the schema or grants are
+// wrong.
 func fatal(err error) bool {
-	if errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, publish.ErrClosed) {
+	if errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, checkpoint.ErrLeaseExpired) || errors.Is(err, publish.ErrClosed) {
 		return true
 	}
 	var me *mysql.MySQLError

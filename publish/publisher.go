@@ -123,7 +123,11 @@ func (p *Publisher) dial() (*amqp.Connection, error) {
 // dialError names the broker (redacted URL) and, for a refusal, what to
 // check.
 func (p *Publisher) dialError(err error) error {
-	if fatalDialError(err) {
+	var ae *amqp.Error
+	switch {
+	case errors.As(err, &ae) && ae.Code == amqp.NotAllowed:
+		return fmt.Errorf("connect to AMQP broker %s: the vhost is refused (NOT_ALLOWED): check that it exists and the user may use it: %w", redactURL(p.cfg.URL), err)
+	case fatalDialError(err):
 		return fmt.Errorf("connect to AMQP broker %s: ACCESS_REFUSED, check the user, password and vhost: %w", redactURL(p.cfg.URL), err)
 	}
 	return fmt.Errorf("connect to AMQP broker %s: %w", redactURL(p.cfg.URL), err)

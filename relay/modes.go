@@ -29,11 +29,28 @@ type modeSwitch struct{ to, reason string }
 
 // lead runs one leader term: it picks the mode and runs it, switching
 // between binlog and poll as the server allows, until shutdown, leadership
-// loss or a fatal error.
+// loss or a fatal error. While an operator has paused the relay it holds
+// leadership and reads nothing (holdPaused); a resume starts the mode again
+// from the stored checkpoint, which then holds everything published.
 func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 	defer r.maintainWhileLeading(ctx, leader)()
-	mode, reason := r.startMode(ctx)
+	r.logCheckpoint(ctx, "resuming from the checkpoint")
+	var mode, reason string
 	for {
+		paused, changed := leader.Paused()
+		if paused {
+			if err := r.holdPaused(ctx, leader); err != nil || ctx.Err() != nil {
+				return err
+			}
+			// Choose the mode afresh: the operator may have moved the
+			// checkpoint (which stores mode binlog) while paused.
+			r.logCheckpoint(ctx, "resumed by an operator; continuing from the checkpoint")
+			mode = ""
+			continue
+		}
+		if mode == "" {
+			mode, reason = r.startMode(ctx)
+		}
 		logMode := r.log.Info
 		if mode == ModePoll && r.cfg.Mode == ModeAuto {
 			// A fallback: the reason lists what keeps binlog mode off and
@@ -61,17 +78,35 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 			}
 			return err
 		}
+		// A pause ends the mode as a shutdown does: reading stops at a
+		// transaction boundary (binlog) or after the rounds under way
+		// (poll), and what was published is confirmed and acknowledged.
+		runCtx, stopRun := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-changed:
+				stopRun()
+			case <-runCtx.Done():
+			}
+		}()
 		var (
 			next *modeSwitch
 			err  error
 		)
 		if mode == ModePoll {
-			next, err = r.runPoll(ctx, leader)
+			next, err = r.runPoll(runCtx, leader)
 		} else {
-			next, err = r.runBinlog(ctx, leader)
+			next, err = r.runBinlog(runCtx, leader)
 		}
-		if err != nil || next == nil {
+		pausing := runCtx.Err() != nil && ctx.Err() == nil
+		stopRun()
+		switch {
+		case err != nil:
 			return err
+		case pausing:
+			continue
+		case next == nil:
+			return nil
 		}
 		mode, reason = next.to, next.reason
 	}
@@ -170,7 +205,7 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 		return nil, err
 	}
 	defer publisher.Close()
-	p, err := r.newPoller(publisher, leader.Epoch())
+	p, err := r.newPoller(publisher, leader)
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +216,15 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 	r.log.Info("polling the outbox table")
 	stop := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- p.RunUntil(pollCtx, stop) }()
+	go func() {
+		err := p.RunUntil(pollCtx, stop)
+		if errors.Is(err, checkpoint.ErrLeaseExpired) {
+			// A round found the lease expired (this process was stopped
+			// past it): end the term at once, as a binlog lane does.
+			leader.Lose(checkpoint.ErrLeaseExpired)
+		}
+		done <- err
+	}()
 
 	var probe <-chan time.Time
 	if r.cfg.Mode == ModeAuto {
@@ -257,11 +300,15 @@ func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 	return pub, nil
 }
 
-func (r *Relay) newPoller(pub *publish.Publisher, epoch int64) (*poller.Poller, error) {
-	p, err := poller.New(r.db, pub, r.store, epoch, poller.Config{
+// newPoller returns a poller of leader's term. Every round checks
+// leader.Valid between its claim and its first publish
+// (poller.Config.Leading): one that finds the lease expired is rolled back
+// unpublished and ends the call with checkpoint.ErrLeaseExpired.
+func (r *Relay) newPoller(pub *publish.Publisher, leader *checkpoint.Leader) (*poller.Poller, error) {
+	p, err := poller.New(r.db, pub, r.store, leader.Epoch(), poller.Config{
 		Table: r.cfg.Table, OnDelivered: r.cfg.OnDelivered, Interval: r.cfg.PollInterval,
 		Batch: r.cfg.PollBatch, Workers: r.cfg.PollWorkers, DefaultExchange: r.cfg.DefaultExchange,
-		Logger: r.log.Named("poller"), Metrics: r.cfg.Metrics,
+		Logger: r.log.Named("poller"), Metrics: r.cfg.Metrics, Leading: leader.Valid,
 	})
 	if err != nil {
 		return nil, &ConfigError{err}

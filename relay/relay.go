@@ -34,6 +34,7 @@ type Relay struct {
 
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool  // leading in poll mode
+	paused  atomic.Bool  // leading a relay an operator paused, stopped
 	mode    atomic.Value // string: the mode of the current term
 
 	notReady atomic.Value // string: why the relay is not ready ("" when a healthy standby)
@@ -53,15 +54,15 @@ type Relay struct {
 }
 
 // Ready is nil when the relay does its job: it leads and delivers (tails the
-// binlog or polls), or it is a standby whose last attempt at leadership
-// reached the database, and its broker connection is not failing. Otherwise
-// it says what is wrong. No I/O: /readyz
-// calls it.
+// binlog or polls) or holds an operator's pause, or it is a standby whose
+// last attempt at leadership reached the database, and its broker
+// connection is not failing. Otherwise it says what is wrong. No I/O:
+// /readyz calls it.
 func (r *Relay) Ready() error {
 	if msg, _ := r.brokerDown.Load().(string); msg != "" {
 		return errors.New(msg)
 	}
-	if r.Tailing() || r.Polling() {
+	if r.Tailing() || r.Polling() || r.Paused() {
 		return nil
 	}
 	if msg, _ := r.notReady.Load().(string); msg != "" {
@@ -69,6 +70,11 @@ func (r *Relay) Ready() error {
 	}
 	return nil
 }
+
+// Paused reports whether the relay leads and holds a pause an operator
+// asked for: it reads and publishes nothing until `resume`. A paused relay
+// is ready: it does what it was told.
+func (r *Relay) Paused() bool { return r.paused.Load() }
 
 // Polling reports whether the relay leads in poll mode.
 func (r *Relay) Polling() bool { return r.polling.Load() }
@@ -132,6 +138,10 @@ func (r *Relay) Close() error { return r.db.Close() }
 // settings, grants, purged checkpoint), another error for a runtime failure.
 // Transient trouble — database or broker down, leadership lost — is retried
 // with backoff, resuming from the durable checkpoint.
+//
+// The process keeps a row of outbox_relay_instances for `status`: a standby
+// beats it each time it looks for leadership (at least every lease/4), a
+// leader once per term, and Run deletes it when it returns.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.preflight(ctx); err != nil {
 		return err
@@ -139,6 +149,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.mode.Store("")
 	r.notReady.Store("starting")
 	m := r.cfg.Metrics
+	row := &instanceRow{r: r}
+	defer row.remove(ctx)
 	retry := &backoff.Counter{Min: 200 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		leader, err := r.store.Acquire(ctx)
@@ -148,7 +160,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		case errors.Is(err, checkpoint.ErrHeld):
 			r.notReady.Store("")
 			m.SetMode("")
-			d := r.cfg.StandbyRetry
+			row.beat(ctx, checkpoint.RoleStandby)
+			// At most a quarter of the lease between two looks, so this
+			// standby's heartbeat in outbox_relay_instances stays well
+			// inside the lease (status shows it alive).
+			d := min(r.cfg.StandbyRetry, r.cfg.LeaderLease/4)
 			var held *checkpoint.HeldError
 			if errors.As(err, &held) {
 				r.log.Info("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName),
@@ -177,6 +193,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		} else {
 			r.log.Info("leading", zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
 		}
+		// Once: the leader's liveness is leader_heartbeat in the progress row.
+		row.beat(ctx, checkpoint.RoleLeader)
 		r.notReady.Store("leading, not yet delivering")
 		m.SetLeader(true)
 		started := time.Now()
@@ -257,8 +275,9 @@ func (r *Relay) ping(ctx context.Context) error {
 	}
 }
 
-// checkTables makes sure the tables migrate creates exist: without them the
-// relay could only retry leadership forever.
+// checkTables makes sure the tables migrate creates exist with every column
+// this version uses: without them the relay could only retry leadership
+// forever, or fail at its first write of a new column.
 func (r *Relay) checkTables(ctx context.Context) error {
 	quoted, err := outbox.QuoteTable(r.cfg.Table)
 	if err != nil {
@@ -268,6 +287,7 @@ func (r *Relay) checkTables(ctx context.Context) error {
 		{migrations.ProgressTable, "`" + migrations.ProgressTable + "`"},
 		{r.cfg.Table, quoted},
 		{migrations.FailedTable, "`" + migrations.FailedTable + "`"},
+		{migrations.InstancesTable, "`" + migrations.InstancesTable + "`"},
 	} {
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		rows, err := r.db.QueryContext(qctx, "SELECT 1 FROM "+t.quoted+" LIMIT 0")
@@ -282,6 +302,17 @@ func (r *Relay) checkTables(ctx context.Context) error {
 		if err != nil && ctx.Err() == nil {
 			return fmt.Errorf("check table %q: %w", t.name, err)
 		}
+	}
+	// Tables of an older version lack the columns later migrations add.
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = migrations.Current(qctx, r.db, r.cfg.Table)
+	var schemaErr *migrations.SchemaError
+	switch {
+	case errors.As(err, &schemaErr):
+		return &ConfigError{fmt.Errorf("database %q: %w", r.canal.Schema, err)}
+	case err != nil && ctx.Err() == nil:
+		return fmt.Errorf("check the relay's tables: %w", err)
 	}
 	return nil
 }

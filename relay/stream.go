@@ -59,11 +59,14 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		if err != nil {
 			return fmt.Errorf("read the server's binlog position before the sweep: %w", err)
 		}
-		drainer, err := r.newPoller(p.publisher, p.epoch)
+		drainer, err := r.newPoller(p.publisher, p.leader)
 		if err != nil {
 			return err
 		}
 		swept, err := drainer.Drain(ctx)
+		if errors.Is(err, checkpoint.ErrLeaseExpired) {
+			p.leader.Lose(err)
+		}
 		if err != nil {
 			return fmt.Errorf("deliver pending rows before tailing: %w", err)
 		}

@@ -16,10 +16,10 @@ import (
 // stream skips one) it delivers those that are due, every poll interval. A
 // relay without delayed rows runs no query here after the probe. It stops
 // between rounds when stop closes; errors are logged and retried, except a
-// fenced round, which ends the leader term at once.
+// fenced round or an expired lease, which end the leader term at once.
 func (p *pipeline) sweepDelayed(ctx context.Context, stop <-chan struct{}) {
 	r := p.r
-	pl, err := r.newPoller(p.publisher, p.epoch)
+	pl, err := r.newPoller(p.publisher, p.leader)
 	if err == nil {
 		var s *poller.DelayedSweeper
 		if s, err = pl.NewDelayedSweeper(); err == nil {
@@ -56,8 +56,8 @@ func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poll
 		}
 		n, err := s.Round(ctx)
 		if err != nil {
-			if errors.Is(err, checkpoint.ErrFenced) {
-				p.leader.Lose(err) // a newer leader exists: end the term now
+			if errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, checkpoint.ErrLeaseExpired) {
+				p.leader.Lose(err) // a newer leader exists or may: end the term now
 				return
 			}
 			if ctx.Err() != nil {

@@ -24,19 +24,19 @@ func init() {
 		help: `show prints the checkpoint of --relay-name's progress row with its status,
 mode, epoch and leader.
 
-set writes a new checkpoint. It is refused (exit 2) while a live leader runs
-and the relay is not PAUSED, unless --force: a live leader is one the row
-names whose heartbeat is within --leader-lease (give run's value). It is
-refused (exit 2) when the server no longer has the position (purged) or
-never had it. It prints the old and new positions and logs them. It sets
-mode binlog, so the next leader tails the binlog from exactly this position
-(a stored poll mode would make it take the server's current position
-instead): rows inserted after the position are published, again if they were
-already; rows before it that are still pending are not read from the binlog.
-It never changes the epoch. A leader still running keeps its own position in
-memory and overwrites the row with its next acknowledgement: stop the relay
-(or let the new value take effect at the next leader term) and check with
-'checkpoint show'.
+set writes a new checkpoint. It is refused (exit 2) while a live leader
+delivers, unless --force: pause the relay first ('outbox-relay pause' waits
+until the leader has stopped) or stop it. A live leader is one the row names
+whose heartbeat is within --leader-lease (give run's value). It is refused
+(exit 2) when the server no longer has the position (purged) or never had
+it. It prints the old and new positions and stores both, and the next leader
+term (or the paused leader, at 'resume') logs them. It sets mode binlog, so
+the leader tails the binlog from exactly this position (a stored poll mode
+would make it take the server's current position instead): rows inserted
+after the position are published, again if they were already; rows before
+it that are still pending are not read from the binlog. It never changes
+the epoch. With --force against a leader that is delivering, its next
+acknowledgement overwrites the new value.
 
 Exit codes: 0 done, 1 a database failure, 2 bad usage, an unknown relay name
 or a refused request.`,
@@ -49,7 +49,7 @@ func setupCheckpoint(fs *flag.FlagSet) runFunc {
 	gtid := fs.String("gtid", "", "set: the new checkpoint as a GTID `set` (the server's syntax)")
 	file := fs.String("file", "", "set: the new checkpoint's binlog `file` (servers without GTIDs); with --pos")
 	pos := fs.Uint("pos", 0, "set: the offset in --file")
-	force := fs.Bool("force", false, "set: even while a live leader runs an ACTIVE relay")
+	force := fs.Bool("force", false, "set: even while a live leader delivers (its next acknowledgement overwrites the value)")
 	return func(ctx context.Context, inv *invocation) error {
 		args, given, err := parseInterleaved(fs, inv.args)
 		if errors.Is(err, flag.ErrHelp) {
@@ -113,9 +113,14 @@ func setCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFlag
 		return unknownRelay(err)
 	}
 	cur := rows[0]
-	if cur.Live() && cur.Status != "PAUSED" && !force {
-		return usagef("checkpoint set: relay %q is %s and led by %s (heartbeat %.1fs ago): pause it or stop it first, or give --force",
+	switch {
+	case force || !cur.Live():
+	case cur.Paused == nil:
+		return usagef("checkpoint set: relay %q is %s and led by %s (heartbeat %.1fs ago): run 'outbox-relay pause' (or stop the relay) first, or give --force",
 			cur.RelayName, cur.Status, cur.Leader.Instance, cur.Leader.HeartbeatAgeSeconds)
+	case !cur.Paused.Stopped:
+		return usagef("checkpoint set: relay %q is PAUSED but its leader %s has not stopped yet (it finishes in-flight messages first): wait until 'outbox-relay status' shows it stopped, or give --force",
+			cur.RelayName, cur.Leader.Instance)
 	}
 	flavor, err := canal.DetectFlavor(ctx, db)
 	if err != nil {
@@ -133,7 +138,7 @@ func setCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFlag
 	} else if err != nil {
 		return fmt.Errorf("checkpoint set: %w", err)
 	}
-	reason := fmt.Sprintf("checkpoint set by an operator at %s from %s to %s", time.Now().UTC().Format(time.RFC3339), cur.Position, want)
+	reason := fmt.Sprintf("%s at %s from %s to %s", checkpoint.SetByOperator, time.Now().UTC().Format(time.RFC3339), cur.Position, want)
 	if err := checkpoint.SetPosition(ctx, db, cur.RelayName, cur.Epoch, want, reason); errors.Is(err, checkpoint.ErrFenced) {
 		return fmt.Errorf("checkpoint set: relay %q got a new leader meanwhile; nothing changed: check and run again", cur.RelayName)
 	} else if err != nil {

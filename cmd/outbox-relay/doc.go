@@ -10,7 +10,9 @@
 //
 //	run            relay outbox rows to RabbitMQ (binlog, or polling)
 //	migrate        create the outbox, progress, failed and deduplication tables
-//	status         show each relay's status, leader, checkpoint and backlog
+//	status         show each relay's status, leader, standbys, checkpoint and backlog
+//	pause          pause a relay: its leader stops reading and publishing, keeping leadership
+//	resume         resume a paused relay where it stopped
 //	checkpoint     show or set a relay's checkpoint (show | set --gtid SET | set --file F --pos N)
 //	replay         republish the outbox rows a binlog range inserted, with x-replay: true
 //	failed         list, show, retry or purge the messages in outbox_failed
@@ -26,7 +28,7 @@
 // they change data. run --maintenance-interval does cleanup, dedup-cleanup
 // and partitions on the leader. docs/operations.md, "Failed messages and
 // housekeeping", has the details; "Status and checkpoint" covers status and
-// checkpoint.
+// checkpoint, "Pause and resume" pause and resume.
 //
 // Every flag can also come from the environment variable
 // OUTBOX_RELAY_<FLAG> (upper snake case: --mysql-dsn is

@@ -160,16 +160,18 @@ type failover struct {
 }
 
 // startFailover starts the leader (its database DSN leaderDSN, "" for the
-// database's own), then a standby, then a steady producing stream that runs
-// until finish. Partition keys are each written by one producer, so commit
-// order per key is known.
-func startFailover(t *testing.T, ctx context.Context, db *testenv.DB, b *testenv.Broker, leaderDSN string) *failover {
+// database's own), then a standby, both with extra flags after the
+// leadership ones (e.g. "--mode", "poll"), then a steady producing stream
+// that runs until finish. Partition keys are each written by one producer,
+// so commit order per key is known.
+func startFailover(t *testing.T, ctx context.Context, db *testenv.DB, b *testenv.Broker, leaderDSN string, extra ...string) *failover {
 	t.Helper()
 	f := &failover{t: t, ctx: ctx, db: db, b: b, prodDone: make(chan error, 1)}
 	migrate(t, db.DSN)
 	f.v = consumeAll(t, b)
 	f.seen = newEpochConsumer(t, b)
-	args := relayArgs(db, b, leaderFlags()...)
+	flags := append(leaderFlags(), extra...)
+	args := relayArgs(db, b, flags...)
 	if leaderDSN != "" {
 		args = slices.Clone(args)
 		args[slices.Index(args, db.DSN)] = leaderDSN
@@ -177,7 +179,7 @@ func startFailover(t *testing.T, ctx context.Context, db *testenv.DB, b *testenv
 	f.leader = newRelayProc(t, args...)
 	f.leader.start()
 	f.leader.waitLog(ctx, "leading")
-	f.standby = newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
+	f.standby = newRelayProc(t, relayArgs(db, b, flags...)...)
 	f.standby.start()
 	f.standby.waitLog(ctx, "standby")
 	go func() {
@@ -249,11 +251,20 @@ func TestLeaderFailoverSIGKILL(t *testing.T) {
 // run out. Then the stale leader is woken: it publishes no row committed
 // after it was stopped under its old epoch, moves nothing in the progress
 // row, notices at once and becomes a standby.
-func TestLeaderFailoverSIGSTOP(t *testing.T) {
+func TestLeaderFailoverSIGSTOP(t *testing.T) { testLeaderFailoverSIGSTOP(t) }
+
+// TestLeaderFailoverSIGSTOP in poll mode: a stale poll-mode leader that
+// wakes claims no row and publishes none committed after it was stopped
+// (each round checks the lease between its claim and its first publish).
+func TestLeaderFailoverSIGSTOPPoll(t *testing.T) { testLeaderFailoverSIGSTOP(t, "--mode", "poll") }
+
+// testLeaderFailoverSIGSTOP is TestLeaderFailoverSIGSTOP with extra relay
+// flags.
+func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 	ctx := testenv.Context(t, 2*time.Minute)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
-	f := startFailover(t, ctx, db, b, "")
+	f := startFailover(t, ctx, db, b, "", extra...)
 	e1 := progressEpoch(ctx, t, db)
 	f.seen.waitFor(ctx, t, "from the first leader", 500, ofEpoch(e1))
 
@@ -271,7 +282,8 @@ func TestLeaderFailoverSIGSTOP(t *testing.T) {
 	cancel()
 	e2 := progressEpoch(ctx, t, db)
 	// Rows committed after the stop are now in the stale leader's binlog
-	// socket, waiting for it to read them.
+	// socket, waiting for it to read them (binlog mode), or pending rows
+	// its poll workers would claim at their next round (poll mode).
 	f.seen.waitFor(ctx, t, "from the new leader", 500, func(d epochDelivery) bool { return d.epoch == e2 && d.outboxID >= next })
 	first, _ := f.seen.first(afterEpoch(e1))
 	oldBefore := f.seen.count(ofEpoch(e1))
@@ -289,9 +301,9 @@ func TestLeaderFailoverSIGSTOP(t *testing.T) {
 	}
 	afterWake := f.seen.count(ofEpoch(e1)) - oldBefore
 	why := strings.TrimSpace(grepLines(f.leader.output(), "leadership"))
-	t.Logf("SIGSTOP: first delivery of the new leader %v after the stop; the stale leader published %d messages after waking "+
+	t.Logf("SIGSTOP %v: first delivery of the new leader %v after the stop; the stale leader published %d messages after waking "+
 		"(none committed after the stop), %d duplicates in all; woke at +%v; its log:\n%s",
-		first.at.Sub(stopped).Round(time.Millisecond), afterWake, dups, woke.Sub(stopped).Round(time.Millisecond), why)
+		extra, first.at.Sub(stopped).Round(time.Millisecond), afterWake, dups, woke.Sub(stopped).Round(time.Millisecond), why)
 }
 
 // The leader's database connections go through a proxy that is cut and

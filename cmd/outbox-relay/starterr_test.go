@@ -61,6 +61,16 @@ func TestCLIRunBeforeMigrate(t *testing.T) {
 		expectExit(t, newRelayProc(t, relayArgs(db, b, "--mode", "poll")...), 2,
 			[]string{`"outbox"`, "does not exist", "outbox-relay migrate"}, nil)
 	})
+	// Tables of an older version: a column a later migration adds is missing.
+	t.Run("outdated_schema", func(t *testing.T) {
+		db := testenv.MySQL(t)
+		migrate(t, db.DSN)
+		if _, err := db.SQL.Exec("ALTER TABLE outbox_relay_progress DROP COLUMN paused_epoch"); err != nil {
+			t.Fatal(err)
+		}
+		expectExit(t, newRelayProc(t, relayArgs(db, b, "--mode", "poll")...), 2,
+			[]string{"outbox_relay_progress", "paused_epoch", "is missing", "outbox-relay migrate"}, nil)
+	})
 }
 
 // TestCLIRunBadAMQPURL: a URL that is not amqp:// or amqps:// or does not
@@ -124,7 +134,7 @@ func TestCLIRunMySQLRefused(t *testing.T) {
 }
 
 // TestRunKeepsLeadershipWhileBrokerFails: a broker that refuses the
-// password, or a closed port, is retried while the relay keeps leadership:
+// password or the vhost, or a closed port, is retried, in either mode, while the relay keeps leadership:
 // the epoch stays, outbox_relay_reconnects_total{target="amqp"} counts the
 // failed attempts, and /readyz names the broker (password masked) and the
 // cause.
@@ -142,19 +152,23 @@ func TestRunKeepsLeadershipWhileBrokerFails(t *testing.T) {
 	host, port, _ := net.SplitHostPort(proxy.Addr())
 	viaProxy.Host = host
 	viaProxy.Port, _ = strconv.Atoi(port)
+	wrongVhost := u
+	wrongVhost.Vhost = "no-such-vhost"
 	u.Password = "sekret-wrong"
 	for _, c := range []struct {
-		name, url, cause string
-		healed           func() // makes the broker reachable, or nil
+		name, mode, url, cause string
+		healed                 func() // makes the broker reachable, or nil
 	}{
-		{"access_refused", u.String(), "ACCESS_REFUSED", nil},
-		{"closed_port", viaProxy.String(), "connection refused", proxy.Enable},
+		{"access_refused", "poll", u.String(), "ACCESS_REFUSED", nil},
+		{"access_refused_binlog", "binlog", u.String(), "ACCESS_REFUSED", nil},
+		{"wrong_vhost", "binlog", wrongVhost.String(), "vhost is refused (NOT_ALLOWED)", nil},
+		{"closed_port", "poll", viaProxy.String(), "connection refused", proxy.Enable},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := testenv.Context(t, time.Minute)
 			db := testenv.MySQL(t)
 			migrate(t, db.DSN)
-			p := newRelayProc(t, relayArgs(db, b, "--mode", "poll", "--amqp-url", c.url)...)
+			p := newRelayProc(t, relayArgs(db, b, "--mode", c.mode, "--amqp-url", c.url)...)
 			p.start()
 			base := p.metricsURL(ctx)
 			p.waitLog(ctx, "leading")

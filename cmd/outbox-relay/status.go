@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,14 +21,20 @@ import (
 func init() {
 	register(&command{
 		name:    "status",
-		summary: "show each relay's status, leader, checkpoint and backlog",
-		help: `Reads outbox_relay_progress (every relay name, or --relay-name's), the
-outbox table (--table) and outbox_failed; changes nothing.
+		summary: "show each relay's status, leader, standbys, checkpoint and backlog",
+		help: `Reads outbox_relay_progress (every relay name, or --relay-name's),
+outbox_relay_instances, the outbox table (--table) and outbox_failed; changes
+nothing.
 
 leader is none when the row names no leader (never started, or stopped
 cleanly). A leader whose heartbeat is older than --leader-lease (give run's
 value) is shown as not alive: the process is gone or stuck, and the next run
-or a standby takes over. pending_rows counts the rows not yet delivered: with
+or a standby takes over. standbys lists the other processes of the relay name
+waiting for leadership (none when there are none), each with its start and
+the age of its heartbeat; a standby beats at least every lease/4, so one whose
+heartbeat is older than --leader-lease is shown as not alive: it was killed or
+hangs (a clean stop removes it from the list; a dead one is listed for an
+hour). pending_rows counts the rows not yet delivered: with
 --on-delivered=delete every row of the table, with mark those whose
 delivered_at is NULL (give run's value). retention_headroom_seconds is how
 long the checkpoint's binlog file is certain to survive the server's expiry;
@@ -106,10 +113,12 @@ func setupStatus(fs *flag.FlagSet) runFunc {
 type statusJSON struct {
 	RelayName               string         `json:"relay_name"`
 	Status                  string         `json:"status"`
+	Paused                  *pausedJSON    `json:"paused"`
 	Mode                    string         `json:"mode"`
 	ModeReason              *string        `json:"mode_reason"`
 	Epoch                   int64          `json:"epoch"`
 	Leader                  *leaderJSON    `json:"leader"`
+	Standbys                []standbyJSON  `json:"standbys"`
 	Checkpoint              checkpointJSON `json:"checkpoint"`
 	PendingRows             int64          `json:"pending_rows"`
 	OldestPendingAgeSeconds *float64       `json:"oldest_pending_age_seconds"`
@@ -120,11 +129,51 @@ type statusJSON struct {
 	LastEventAt             *time.Time     `json:"last_event_at"`
 }
 
+// pausedJSON is a pause: since when, for how long, and whether the leader
+// has stopped (false while it finishes in-flight messages, or with no leader).
+type pausedJSON struct {
+	Since         *time.Time `json:"since"`
+	Seconds       float64    `json:"seconds"`
+	LeaderStopped bool       `json:"leader_stopped"`
+}
+
+func pausedOf(s checkpoint.RelayStatus) *pausedJSON {
+	if s.Paused == nil {
+		return nil
+	}
+	return &pausedJSON{Since: timeOrNull(s.Paused.Since), Seconds: math.Round(s.Paused.Seconds*1000) / 1000, LeaderStopped: s.Paused.Stopped}
+}
+
+func pausedText(p *pausedJSON) string {
+	if p == nil {
+		return ""
+	}
+	since := "?"
+	if p.Since != nil {
+		since = utcText(*p.Since)
+	}
+	state := "the leader has stopped"
+	if !p.LeaderStopped {
+		state = "no leader has stopped for it yet"
+	}
+	return fmt.Sprintf(" since %s (%s; %s)", since, time.Duration(p.Seconds*float64(time.Second)).Round(time.Second), state)
+}
+
 type leaderJSON struct {
 	Instance            string     `json:"instance"`
 	Since               *time.Time `json:"since"`
 	HeartbeatAgeSeconds float64    `json:"heartbeat_age_seconds"`
 	Alive               bool       `json:"alive"`
+}
+
+// standbyJSON is a process of the relay name waiting for leadership, from
+// outbox_relay_instances. Alive is false when its heartbeat is older than
+// the lease: it was killed or hangs.
+type standbyJSON struct {
+	Instance            string    `json:"instance"`
+	StartedAt           time.Time `json:"started_at"`
+	HeartbeatAgeSeconds float64   `json:"heartbeat_age_seconds"`
+	Alive               bool      `json:"alive"`
 }
 
 type checkpointJSON struct {
@@ -156,6 +205,22 @@ func leaderOf(s checkpoint.RelayStatus) *leaderJSON {
 		HeartbeatAgeSeconds: math.Round(s.Leader.HeartbeatAgeSeconds*1000) / 1000, Alive: s.Leader.Alive}
 }
 
+// standbysOf picks the relay's standbys out of every instance row: role
+// standby, and not the instance the progress row names as leader (a standby
+// that has just taken over, before its first beat as leader). Alive or not.
+// Never nil: JSON shows [] when there is none.
+func standbysOf(s checkpoint.RelayStatus, instances []checkpoint.InstanceState) []standbyJSON {
+	list := []standbyJSON{}
+	for _, in := range instances {
+		if in.RelayName != s.RelayName || in.Role != checkpoint.RoleStandby || s.Leader != nil && in.Instance == s.Leader.Instance {
+			continue
+		}
+		list = append(list, standbyJSON{Instance: in.Instance, StartedAt: in.StartedAt,
+			HeartbeatAgeSeconds: math.Round(in.HeartbeatAgeSeconds*1000) / 1000, Alive: in.Alive})
+	}
+	return list
+}
+
 func checkpointOf(s checkpoint.RelayStatus) checkpointJSON {
 	c := checkpointJSON{Flavor: orNull(s.Position.Flavor), GTIDSet: orNull(s.Position.GTIDSet), BinlogFile: orNull(s.Position.File)}
 	if s.Position.File != "" {
@@ -165,11 +230,15 @@ func checkpointOf(s checkpoint.RelayStatus) checkpointJSON {
 	return c
 }
 
-// readStatus gathers the progress rows, the backlog and the retention
-// headroom. The headroom is best effort: a server without binlogs, without
+// readStatus gathers the progress rows, the standbys, the backlog and the
+// retention headroom. The headroom is best effort: a server without binlogs, without
 // expiry, or a position it cannot place gives null, not a failure.
 func readStatus(ctx context.Context, db *sql.DB, r *readFlags) ([]statusJSON, error) {
 	rows, err := checkpoint.ReadStatus(ctx, db, r.relayName, r.lease)
+	if err != nil {
+		return nil, err
+	}
+	instances, err := checkpoint.ReadInstances(ctx, db, r.relayName, r.lease)
 	if err != nil {
 		return nil, err
 	}
@@ -180,8 +249,8 @@ func readStatus(ctx context.Context, db *sql.DB, r *readFlags) ([]statusJSON, er
 	retention, retErr := metrics.ReadBinlogRetention(ctx, db)
 	list := make([]statusJSON, 0, len(rows))
 	for _, s := range rows {
-		j := statusJSON{RelayName: s.RelayName, Status: s.Status, Mode: s.Mode, ModeReason: orNull(s.ModeReason),
-			Epoch: s.Epoch, Leader: leaderOf(s), Checkpoint: checkpointOf(s),
+		j := statusJSON{RelayName: s.RelayName, Status: s.Status, Paused: pausedOf(s), Mode: s.Mode, ModeReason: orNull(s.ModeReason),
+			Epoch: s.Epoch, Leader: leaderOf(s), Standbys: standbysOf(s, instances), Checkpoint: checkpointOf(s),
 			PendingRows: backlog.PendingRows, OldestPendingAgeSeconds: backlog.OldestPendingAgeSeconds,
 			FailedRows: backlog.FailedRows, ErrorCount: s.ErrorCount, LastError: orNull(s.LastError),
 			LastEventAt: timeOrNull(s.LastEventAt)}
@@ -210,10 +279,11 @@ func printStatus(w io.Writer, list []statusJSON) error {
 			fmt.Fprintln(tw)
 		}
 		fmt.Fprintf(tw, "relay\t%s\n", s.RelayName)
-		fmt.Fprintf(tw, "status\t%s\n", s.Status)
+		fmt.Fprintf(tw, "status\t%s%s\n", s.Status, pausedText(s.Paused))
 		fmt.Fprintf(tw, "mode\t%s%s\n", s.Mode, paren(s.ModeReason))
 		fmt.Fprintf(tw, "epoch\t%d\n", s.Epoch)
 		fmt.Fprintf(tw, "leader\t%s\n", leaderText(s.Leader))
+		fmt.Fprintf(tw, "standbys\t%s\n", standbysText(s.Standbys))
 		fmt.Fprintf(tw, "checkpoint\t%s\n", checkpointText(s.Checkpoint))
 		fmt.Fprintf(tw, "pending rows\t%d%s\n", s.PendingRows, ageText(", oldest ", s.OldestPendingAgeSeconds, " old"))
 		fmt.Fprintf(tw, "failed rows\t%d\n", s.FailedRows)
@@ -245,6 +315,23 @@ func leaderText(l *leaderJSON) string {
 	}
 	return fmt.Sprintf("%s since %s, heartbeat %ss ago, %s", l.Instance, since,
 		strconv.FormatFloat(l.HeartbeatAgeSeconds, 'f', 1, 64), state)
+}
+
+// standbysText lists the standbys on one line, like leaderText each.
+func standbysText(list []standbyJSON) string {
+	if len(list) == 0 {
+		return "none"
+	}
+	parts := make([]string, len(list))
+	for i, sb := range list {
+		state := "alive"
+		if !sb.Alive {
+			state = "NOT ALIVE (heartbeat older than the lease)"
+		}
+		parts[i] = fmt.Sprintf("%s since %s, heartbeat %ss ago, %s", sb.Instance, utcText(sb.StartedAt),
+			strconv.FormatFloat(sb.HeartbeatAgeSeconds, 'f', 1, 64), state)
+	}
+	return strings.Join(parts, "; ")
 }
 
 func checkpointText(c checkpointJSON) string {

@@ -87,7 +87,7 @@ func TestCLIStatusAndCheckpoint(t *testing.T) {
 	}
 	epoch := s.Epoch
 	r := ops(t, db, "checkpoint", "set", "--gtid", gtidPos(t, db), "--leader-lease", testLease.String())
-	if r.code != 2 || !strings.Contains(r.stderr, "pause it or stop it first") {
+	if r.code != 2 || !strings.Contains(r.stderr, "outbox-relay pause") {
 		t.Fatalf("checkpoint set with a live leader: %+v", r)
 	}
 

@@ -1,4 +1,4 @@
--- The outbox table (design §2), not partitioned. Template: the table name is
+-- The outbox table (docs/tables.md), not partitioned. Template: the table name is
 -- filled in at apply time.
 --
 -- partition_key is utf8mb4_bin: an ordering group is exactly the bytes the

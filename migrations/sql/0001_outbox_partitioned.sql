@@ -1,4 +1,4 @@
--- The outbox table (design §2), range-partitioned by day on created_at
+-- The outbox table (docs/tables.md), range-partitioned by day on created_at
 -- (`migrate --partitioned`), so old rows go with a cheap DROP PARTITION
 -- instead of a DELETE. Template: the table name and
 -- the daily partitions (UTC days from the day of apply on, then pmax) are

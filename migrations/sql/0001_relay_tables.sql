@@ -1,4 +1,4 @@
--- Tables shared by every outbox table of the database (design §2).
+-- Tables shared by every outbox table of the database (docs/tables.md).
 -- Statements are separated by a semicolon at the end of a line.
 -- Times are written in UTC by our code; column defaults use the session's
 -- time zone and exist only as a fallback.
@@ -14,6 +14,8 @@ CREATE TABLE IF NOT EXISTS outbox_relay_progress (
     mode             VARCHAR(16)     NOT NULL DEFAULT 'binlog',
     mode_reason      VARCHAR(1024)   NULL,
     status           VARCHAR(16)     NOT NULL DEFAULT 'ACTIVE',
+    paused_at        DATETIME(6)     NULL,
+    paused_epoch     BIGINT          NULL,
     epoch            BIGINT          NOT NULL DEFAULT 0,
     leader_instance  VARCHAR(255)    NULL,
     leader_since     DATETIME(6)     NULL,
@@ -23,6 +25,17 @@ CREATE TABLE IF NOT EXISTS outbox_relay_progress (
     last_event_at    DATETIME(6)     NULL,
     updated_at       DATETIME(6)     NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6),
     PRIMARY KEY (relay_name)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- One row per running process of a relay name, leader or standby: its
+-- heartbeat shows `status` who is there. A clean stop deletes the row.
+CREATE TABLE IF NOT EXISTS outbox_relay_instances (
+    relay_name VARCHAR(255) NOT NULL,
+    instance   VARCHAR(255) NOT NULL,
+    role       VARCHAR(16)  NOT NULL,
+    started_at DATETIME(6)  NOT NULL,
+    heartbeat  DATETIME(6)  NOT NULL,
+    PRIMARY KEY (relay_name, instance)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 -- Messages the relay or an inbox consumer gave up on: the outbox row as it

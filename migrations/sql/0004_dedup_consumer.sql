@@ -1,4 +1,4 @@
--- The inbox per consuming service (design §2, §10).
+-- The inbox per consuming service (docs/inbox.md).
 --
 -- message_deduplication gets a consumer column and the primary key
 -- (consumer, message_id), so several services can share one database. Rows

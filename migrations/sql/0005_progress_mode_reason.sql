@@ -1,4 +1,4 @@
--- Why the relay is in its mode (design §2: mode_reason), apart from
+-- Why the relay is in its mode (mode_reason, docs/tables.md), apart from
 -- last_error, which holds only errors. Rows are kept; the column starts
 -- NULL. A progress table created by this version's 0001 already has it.
 --

@@ -1,0 +1,96 @@
+package checkpoint
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// The values of outbox_relay_progress.status.
+const (
+	StatusActive = "ACTIVE" // the leader reads and publishes
+	StatusPaused = "PAUSED" // an operator paused it: the leader keeps leadership and reads nothing further
+)
+
+// SetByOperator begins the mode reason `checkpoint set` stores (with the
+// old and new positions); the next leader logs it.
+const SetByOperator = "checkpoint set by an operator"
+
+// Pause is the operator's `pause`: it sets the relay's status to PAUSED
+// (paused_at to now and paused_epoch to NULL, unless it was paused
+// already) and returns the status as it was before. ErrUnknownRelay when
+// the relay has no progress row. Wake the leader afterwards so it notices
+// before its next heartbeat.
+func Pause(ctx context.Context, db *sql.DB, relayName string) (was string, err error) {
+	return setStatus(ctx, db, relayName, `UPDATE outbox_relay_progress SET
+		paused_at = IF(status = 'PAUSED', paused_at, UTC_TIMESTAMP(6)),
+		paused_epoch = IF(status = 'PAUSED', paused_epoch, NULL),
+		status = 'PAUSED' WHERE relay_name = ?`)
+}
+
+// Resume is the operator's `resume`: status ACTIVE, the pause columns
+// cleared. It returns the status as it was before.
+func Resume(ctx context.Context, db *sql.DB, relayName string) (was string, err error) {
+	return setStatus(ctx, db, relayName, `UPDATE outbox_relay_progress SET
+		paused_at = NULL, paused_epoch = NULL, status = 'ACTIVE' WHERE relay_name = ?`)
+}
+
+// setStatus runs update (status assigned last: MySQL evaluates a single
+// table UPDATE's assignments left to right, so the IFs see the old status)
+// in a transaction that first reads the old status.
+func setStatus(ctx context.Context, db *sql.DB, relayName, update string) (string, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", fmt.Errorf("set status of relay %q: %w", relayName, err)
+	}
+	defer tx.Rollback()
+	var was string
+	err = tx.QueryRowContext(ctx, "SELECT status FROM outbox_relay_progress WHERE relay_name = ? FOR UPDATE", relayName).Scan(&was)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("relay %q: %w", relayName, ErrUnknownRelay)
+	}
+	if err != nil {
+		return "", fmt.Errorf("set status of relay %q: %w", relayName, err)
+	}
+	if _, err := tx.ExecContext(ctx, update, relayName); err != nil {
+		return "", fmt.Errorf("set status of relay %q: %w", relayName, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return "", fmt.Errorf("set status of relay %q: %w", relayName, err)
+	}
+	return was, nil
+}
+
+// Wake ends the wait between two heartbeats of the relay's leader (KILL
+// QUERY on the connection that holds its lock), so it reads the status at
+// once instead of at its next heartbeat. false when no process holds the
+// lock. The relay's own MySQL user may do this; another user needs the
+// CONNECTION ADMIN (MySQL) or PROCESS/SUPER privilege, and without it the
+// error says so while the leader still notices at its next heartbeat.
+func Wake(ctx context.Context, db *sql.DB, relayName string) (bool, error) {
+	var holder sql.NullInt64
+	lock := "outbox-relay:" + relayName
+	if err := db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", lock).Scan(&holder); err != nil {
+		return false, fmt.Errorf("find the leader of relay %q: %w", relayName, err)
+	}
+	if !holder.Valid {
+		return false, nil
+	}
+	if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL QUERY %d", holder.Int64)); err != nil && !isUnknownThread(err) {
+		return true, fmt.Errorf("wake the leader of relay %q (connection %d): %w", relayName, holder.Int64, err)
+	}
+	return true, nil
+}
+
+// MarkPaused records that this store's leader of epoch has stopped
+// reading and publishing for the pause: paused_epoch, which `pause` waits
+// for and `checkpoint set` requires. A resume given meanwhile (status no
+// longer PAUSED) or a newer leader leaves the row unchanged.
+func (s *Store) MarkPaused(ctx context.Context, epoch int64) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress SET paused_epoch = ?
+		WHERE relay_name = ? AND epoch = ? AND status = 'PAUSED'`, epoch, s.cfg.RelayName, epoch); err != nil {
+		return fmt.Errorf("record the pause of relay %q: %w", s.cfg.RelayName, err)
+	}
+	return nil
+}

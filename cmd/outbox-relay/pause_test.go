@@ -1,0 +1,208 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testload"
+	"github.com/outbox-relay/outbox-relay/internal/validator"
+)
+
+// pause and resume under a producing stream, in each mode: pause returns
+// once the leader has stopped; while paused the outbox keeps filling and
+// nothing committed after the pause is published, the checkpoint and the
+// epoch stay, status and the metrics show the pause and /readyz stays 200;
+// checkpoint set is accepted; after resume every message arrives exactly
+// once, in order per partition key.
+func TestCLIPauseResume(t *testing.T) {
+	for _, mode := range []string{"binlog", "poll"} {
+		t.Run(mode, func(t *testing.T) { testPauseResume(t, mode) })
+	}
+}
+
+func testPauseResume(t *testing.T, mode string) {
+	ctx := testenv.Context(t, 3*time.Minute)
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	migrate(t, db.DSN)
+	v := consumeAll(t, b)
+	seen := newEpochConsumer(t, b)
+	// A heartbeat far longer than the test takes up to the pause: the
+	// leader's first heartbeat comes a heartbeat interval after it took
+	// leadership, so a leader that stops before then noticed the pause
+	// only because pause woke it.
+	const heartbeat, lease = time.Minute, 3 * time.Minute
+	p := newRelayProc(t, relayArgs(db, b, "--mode", mode, "--heartbeat-interval", heartbeat.String(), "--leader-lease", lease.String())...)
+	started := time.Now()
+	p.start()
+	base := p.metricsURL(ctx)
+	p.waitLog(ctx, "leading")
+
+	var stopProd atomic.Bool
+	prodDone := make(chan error, 1)
+	go func() {
+		for !stopProd.Load() {
+			if err := testload.Run(ctx, db.SQL, v, testload.Load{
+				Producers: 2, Partitions: 20, Total: 200, Exchange: b.Exchange, Pace: 2 * time.Millisecond,
+			}); err != nil {
+				prodDone <- err
+				return
+			}
+		}
+		prodDone <- nil
+	}()
+	all := func(epochDelivery) bool { return true }
+	seen.waitFor(ctx, t, "before the pause", 300, all)
+	epoch := progressEpoch(ctx, t, db)
+
+	began := time.Now()
+	r := ops(t, db, "pause", "--json", "--leader-lease", lease.String())
+	took := time.Since(began)
+	var paused pauseJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &paused) != nil || paused.Status != "PAUSED" || paused.Was != "ACTIVE" ||
+		paused.Paused == nil || !paused.Paused.LeaderStopped || paused.Leader == nil || !paused.Leader.Alive {
+		t.Fatalf("pause: %+v", r)
+	}
+	if since := time.Since(started); since >= heartbeat {
+		t.Errorf("the leader stopped %v after the relay started, not before its first heartbeat (%v): cannot tell whether pause woke it", since, heartbeat)
+	}
+	// Every id from here on belongs to a row committed after the leader
+	// stopped reading.
+	var next int64
+	if err := db.SQL.QueryRowContext(ctx, `SELECT AUTO_INCREMENT FROM information_schema.TABLES
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox'`).Scan(&next); err != nil {
+		t.Fatal(err)
+	}
+	// Paused while the outbox fills: the wait for rows is the condition,
+	// not a sleep.
+	for {
+		var n int
+		if err := db.SQL.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE id >= ?", next).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n >= 300 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("producers wrote %d rows while paused", n)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	s := statusOf(t, db, "--leader-lease", lease.String())
+	if s.Status != "PAUSED" || s.Paused == nil || !s.Paused.LeaderStopped || s.Paused.Seconds <= 0 || s.Epoch != epoch ||
+		s.Leader == nil || !s.Leader.Alive || s.PendingRows < 300 {
+		t.Errorf("status while paused: %+v", s)
+	}
+	if mode == "binlog" && (s.Checkpoint.GTIDSet == nil || paused.Checkpoint.GTIDSet == nil || *s.Checkpoint.GTIDSet != *paused.Checkpoint.GTIDSet) {
+		t.Errorf("checkpoint moved while paused: %v, stopped at %v", s.Checkpoint.GTIDSet, paused.Checkpoint.GTIDSet)
+	}
+	if g, sec := metricValue(t, base, "outbox_relay_paused"), metricValue(t, base, "outbox_relay_paused_seconds"); g != 1 || sec <= 0 {
+		t.Errorf("metrics while paused: outbox_relay_paused %v, outbox_relay_paused_seconds %v", g, sec)
+	}
+	if code, body, err := httpGet(base + "/readyz"); err != nil || code != 200 {
+		t.Errorf("/readyz while paused: %d %q %v", code, body, err)
+	}
+	if n := seen.count(func(d epochDelivery) bool { return d.outboxID >= next }); n > 0 {
+		t.Errorf("%d rows committed after the pause were published while paused", n)
+	}
+	if mode == "binlog" {
+		// Paused and stopped: the checkpoint may be set (here to where it
+		// stopped, so exactly once still holds).
+		if r := ops(t, db, "checkpoint", "set", "--gtid", *paused.Checkpoint.GTIDSet, "--leader-lease", lease.String()); r.code != 0 {
+			t.Fatalf("checkpoint set while paused: %+v", r)
+		}
+	}
+
+	r = ops(t, db, "resume", "--leader-lease", lease.String())
+	if r.code != 0 || !strings.Contains(r.stdout, "resumed; leader") {
+		t.Fatalf("resume: %+v", r)
+	}
+	stopProd.Store(true)
+	if err := <-prodDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	if e := progressEpoch(ctx, t, db); e != epoch {
+		t.Errorf("epoch went from %d to %d across pause and resume", epoch, e)
+	}
+	if g := metricValue(t, base, "outbox_relay_paused"); g != 0 {
+		t.Errorf("outbox_relay_paused %v after resume", g)
+	}
+	out := p.output()
+	want := []string{"paused by an operator", "resumed by an operator"}
+	if mode == "binlog" {
+		want = append(want, "checkpoint set by an operator")
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("the relay's log lacks %q", w)
+		}
+	}
+	t.Logf("%s: pause returned after %v (leader stopped); %d messages delivered exactly once", mode, took.Round(time.Millisecond), v.Received())
+	if code, _ := p.terminate(30 * time.Second); code != 0 {
+		t.Errorf("SIGTERM: exit code %d", code)
+	}
+}
+
+// pause and resume without a leader: an unknown relay name is bad usage
+// (2); a relay that is not paused resumes with nothing changed; a relay
+// paused with no leader running is paused at once, and the next leader
+// starts paused, publishing nothing until resume.
+func TestCLIPauseWithoutLeader(t *testing.T) {
+	ctx := testenv.Context(t, 2*time.Minute)
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	migrate(t, db.DSN)
+	if r := ops(t, db, "pause", "--relay-name", "nope"); r.code != 2 || !strings.Contains(r.stderr, "nope") {
+		t.Fatalf("pause of an unknown relay: %+v", r)
+	}
+	opsExec(t, db, "INSERT INTO outbox_relay_progress (relay_name) VALUES ('default')")
+	if r := ops(t, db, "resume"); r.code != 0 || !strings.Contains(r.stdout, "not paused; nothing changed") {
+		t.Fatalf("resume of an active relay: %+v", r)
+	}
+	if r := ops(t, db, "pause"); r.code != 0 || !strings.Contains(r.stdout, "no leader is running") {
+		t.Fatalf("pause without a leader: %+v", r)
+	}
+	s := statusOf(t, db)
+	if s.Status != "PAUSED" || s.Paused == nil || s.Paused.LeaderStopped || s.Paused.Since == nil {
+		t.Fatalf("status after pause without a leader: %+v", s)
+	}
+	if r := ops(t, db, "pause", "stray"); r.code != 2 {
+		t.Fatalf("pause with an argument: %+v", r)
+	}
+
+	v := consumeAll(t, b)
+	testload.Produce(ctx, t, db.SQL, v, testload.Load{Producers: 1, Partitions: 4, Total: 40, Exchange: b.Exchange})
+	p := newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
+	p.start()
+	p.waitLog(ctx, "paused by an operator")
+	s = statusOf(t, db)
+	if s.Paused == nil || !s.Paused.LeaderStopped || s.Leader == nil || !s.Leader.Alive || s.PendingRows != 40 {
+		t.Fatalf("status of a leader started paused: %+v", s)
+	}
+	if n := v.Received(); n != 0 {
+		t.Fatalf("a leader started paused published %d messages", n)
+	}
+	if r := ops(t, db, "resume"); r.code != 0 {
+		t.Fatalf("resume: %+v", r)
+	}
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := p.terminate(30 * time.Second); code != 0 {
+		t.Errorf("SIGTERM: exit code %d", code)
+	}
+}
