@@ -216,3 +216,71 @@ func TestRelayAcceptsLostGTIDs(t *testing.T) {
 	default:
 	}
 }
+
+// A failover to a replica with another gtid_domain_id: the promoted server
+// writes in domain 1 while its GTID state keeps the old primary's domain 0,
+// so the checkpoint becomes a two-domain set. The relay resumes through the
+// moved virtual IP (its remembered domain-0 position is contained in the
+// new server's state), then a fresh process, which knows only the
+// two-domain row, resumes from it too. Every message arrives, in commit
+// order per partition; duplicates come only from the unacknowledged tail.
+func TestRelayFailoverToReplicaWithOtherDomain(t *testing.T) {
+	f := newFailoverRig(t, false)
+	ctx := testenv.Context(t, 3*time.Minute)
+	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
+	// Taken by the sessions the replica opens from now on: the ones after
+	// its promotion (replicated transactions keep their own domain).
+	if _, err := f.replica.Root(t).ExecContext(ctx, "SET GLOBAL gtid_domain_id = 1"); err != nil {
+		t.Fatal(err)
+	}
+
+	produce(ctx, t, f.db, f.b, f.v, load{producers: 2, partitions: 20, total: 2_000, bigTxn: 50, bigShare: 0.5})
+	f.primary.WaitReplicaCaughtUp(t, f.replica)
+	rdb := f.failover(t)
+	tail := failoverCount(ctx, t, rdb, "SELECT COUNT(*) FROM outbox")
+	newDB := &testenv.DB{SQL: rdb, DSN: f.replica.DSN(f.db.Name), Name: f.db.Name}
+	produce(ctx, t, newDB, f.b, f.v, load{producers: 2, partitions: 20, total: 2_000, bigTxn: 50, bigShare: 0.5})
+	if err := f.v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(ctx, t, newDB, "SELECT COUNT(*) FROM outbox", 0)
+
+	// The stored checkpoint now spans both domains.
+	var stored string
+	domains := func() int {
+		if err := rdb.QueryRowContext(ctx, "SELECT gtid_set FROM outbox_relay_progress").Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := position.ParseGTIDSet(position.FlavorMariaDB, stored); err != nil {
+			t.Fatalf("stored gtid_set %q: %v", stored, err)
+		}
+		seen := map[string]bool{}
+		for _, g := range strings.Split(stored, ",") {
+			seen[strings.TrimSpace(g[:strings.IndexByte(g, '-')+1])] = true
+		}
+		return len(seen)
+	}
+	waitFor(ctx, t, f.rr, "a two-domain checkpoint", func() bool { return domains() == 2 })
+	if !strings.Contains(stored, "1-"+strconv.FormatUint(uint64(f.replica.ServerID()), 10)+"-") {
+		t.Fatalf("stored checkpoint %q has no domain-1 GTID of the promoted server", stored)
+	}
+	if err := f.rr.stop(); err != nil {
+		t.Fatalf("first relay: %v", err)
+	}
+
+	// A fresh process: it knows only the replicated two-domain row.
+	rr := runRelay(t, Config{MySQLDSN: newDB.DSN, AMQPURL: f.b.URL, DefaultExchange: f.b.Exchange,
+		CheckpointInterval: time.Second, HeartbeatInterval: 500 * time.Millisecond}, nil)
+	waitFor(ctx, t, rr, "tailing", rr.r.Tailing)
+	produce(ctx, t, newDB, f.b, f.v, load{producers: 2, partitions: 20, total: 1_000, bigTxn: 50, bigShare: 0.5})
+	if err := f.v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.v.Check(validator.AtLeastOnce); err != nil {
+		t.Fatal(err)
+	}
+	if d := f.v.Duplicates(); d > tail {
+		t.Fatalf("%d duplicates, more than the %d rows the replica had not seen acknowledged", d, tail)
+	}
+	t.Logf("checkpoint after the failover: %s; %d rows pending at the failover, %d duplicates", stored, tail, f.v.Duplicates())
+}
