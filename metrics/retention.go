@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/canal"
 )
 
 // ErrBinlogPurged: the binlog file holding the stored position is no longer
@@ -50,8 +52,12 @@ func ReadBinlogRetention(ctx context.Context, db *sql.DB) (BinlogRetention, erro
 	if r.Expiry, err = expiryOf(vars); err != nil {
 		return r, err
 	}
-	if r.Files, err = binaryLogs(ctx, db); err != nil {
-		return r, err
+	logs, err := canal.BinaryLogs(ctx, db)
+	if err != nil {
+		return r, fmt.Errorf("%w (needs REPLICATION CLIENT, MariaDB: BINLOG MONITOR)", err)
+	}
+	for _, f := range logs {
+		r.Files = append(r.Files, f.Name)
 	}
 	var ts float64
 	if err := db.QueryRowContext(ctx, "SELECT @@timestamp").Scan(&ts); err != nil {
@@ -114,36 +120,6 @@ func expiryOf(vars map[string]string) (time.Duration, error) {
 		}
 	}
 	return 0, nil
-}
-
-// binaryLogs returns the names SHOW BINARY LOGS lists, oldest first. The
-// statement's columns differ between servers (MySQL adds Encrypted); only the
-// first, Log_name, is read.
-func binaryLogs(ctx context.Context, db *sql.DB) ([]string, error) {
-	rows, err := db.QueryContext(ctx, "SHOW BINARY LOGS")
-	if err != nil {
-		return nil, fmt.Errorf("list binlog files (SHOW BINARY LOGS; needs REPLICATION CLIENT and log_bin=ON): %w", err)
-	}
-	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
-		return nil, fmt.Errorf("list binlog files: %w", err)
-	}
-	dest := make([]any, len(cols))
-	for i := range dest {
-		dest[i] = new(sql.RawBytes)
-	}
-	var files []string
-	for rows.Next() {
-		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("list binlog files: %w", err)
-		}
-		files = append(files, string(*dest[0].(*sql.RawBytes)))
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list binlog files: %w", err)
-	}
-	return files, nil
 }
 
 // RetentionHeadroom returns a lower bound, in seconds, on how long the binlog
