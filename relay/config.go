@@ -60,6 +60,12 @@ type Config struct {
 	// logging at WARN what is skipped. Without it such a server is a
 	// *LostGTIDsError.
 	AcceptLostGTIDs bool
+	// StateFile, if set, is a local file that keeps the newest position this
+	// process acknowledged across restarts (see stateFile): the lossy-failover
+	// check of a process started fresh compares the server with it instead of
+	// only with the replicated progress row. Its directory must exist and be
+	// writable; one file per relay name.
+	StateFile string
 }
 
 // ConfigError is a configuration or server-setup problem that retrying will

@@ -2,7 +2,10 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 
 	"go.uber.org/zap"
@@ -21,6 +24,7 @@ import (
 type LostGTIDsError struct {
 	Server     string            // host:port of the server
 	Checkpoint position.Position // what the relay had published
+	From       string            // where Checkpoint comes from (this process, the state file, the progress row)
 	Executed   string            // the server's @@gtid_binlog_state / @@gtid_executed
 	Missing    string            // the part of Checkpoint the server lacks (position.Missing)
 	// MessageIDs are the messages of rows published in Missing that the
@@ -46,10 +50,10 @@ func (e *LostGTIDsError) Error() string {
 		}
 	}
 	return fmt.Sprintf("lossy failover: server %s lacks transactions this relay already published: %s "+
-		"(relay checkpoint %s; server has %q); %s. The messages of those transactions were delivered, "+
+		"(relay checkpoint %s, %s; server has %q); %s. The messages of those transactions were delivered, "+
 		"but their rows and every other write of theirs are gone from this server. "+
 		"Check the old primary for them, then rerun with --accept-lost-gtids to resume from this server's own position",
-		e.Server, e.Missing, e.Checkpoint, e.Executed, known)
+		e.Server, e.Missing, e.Checkpoint, e.From, e.Executed, known)
 }
 
 // recentLimit bounds the rows whose message ids the relay keeps, with their
@@ -121,14 +125,63 @@ func (r *Relay) notePublished(p position.Position) {
 		return
 	}
 	r.publishedMu.Lock()
+	defer r.publishedMu.Unlock()
+	changed := r.published != p
 	r.published = p
+	r.publishedFrom = "published by this process"
+	if r.state == nil || !changed {
+		return
+	}
+	if err := r.state.store(p); err != nil {
+		if !r.stateFailing {
+			r.log.Error("cannot write the state file; a restarted process will check a failover against the progress row only",
+				zap.Error(err))
+		}
+		r.stateFailing = true
+		return
+	}
+	if r.stateFailing {
+		r.log.Info("writing the state file works again", zap.String("state_file", r.state.path))
+	}
+	r.stateFailing = false
+}
+
+// loadState starts the process from Config.StateFile's position, if any:
+// the lossy-failover check then compares each server with it. A state file
+// that cannot be read or written is a *ConfigError.
+func (r *Relay) loadState() error {
+	if r.state == nil {
+		return nil
+	}
+	if err := r.state.check(); err != nil {
+		return &ConfigError{err}
+	}
+	p, err := r.state.load()
+	if err != nil {
+		return &ConfigError{err}
+	}
+	if p.GTIDSet == "" {
+		return nil
+	}
+	r.publishedMu.Lock()
+	r.published = p
+	r.publishedFrom = "read from --state-file " + r.state.path
 	r.publishedMu.Unlock()
+	r.log.Info("state file read: every server this relay resumes on must hold this position", zap.String("state_file", r.state.path),
+		zap.Stringer("published", p))
+	return nil
 }
 
 func (r *Relay) newestPublished() position.Position {
+	p, _ := r.newestPublishedFrom()
+	return p
+}
+
+// newestPublishedFrom is newestPublished and where it came from.
+func (r *Relay) newestPublishedFrom() (position.Position, string) {
 	r.publishedMu.Lock()
 	defer r.publishedMu.Unlock()
-	return r.published
+	return r.published, r.publishedFrom
 }
 
 // checkNotLost is run before a term reads the binlog: the server's executed
@@ -139,9 +192,9 @@ func (r *Relay) newestPublished() position.Position {
 // what is skipped and reports lost = true instead: the caller then starts
 // from the server's own position.
 func (r *Relay) checkNotLost(ctx context.Context, stored position.Position) (lost bool, err error) {
-	cp := r.newestPublished()
+	cp, from := r.newestPublishedFrom()
 	if cp.GTIDSet == "" {
-		cp = stored
+		cp, from = stored, "the stored progress row (this process has published nothing yet)"
 	}
 	if cp.GTIDSet == "" {
 		return false, nil // file+pos or nothing yet: no GTIDs to compare
@@ -162,7 +215,7 @@ func (r *Relay) checkNotLost(ctx context.Context, stored position.Position) (los
 	if missing == "" {
 		return false, nil
 	}
-	lostErr := &LostGTIDsError{Server: r.canal.Host + ":" + fmt.Sprint(r.canal.Port), Checkpoint: cp, Executed: executed,
+	lostErr := &LostGTIDsError{Server: r.canal.Host + ":" + fmt.Sprint(r.canal.Port), Checkpoint: cp, From: from, Executed: executed,
 		Missing: missing, MessageIDs: r.lostMessageIDs(executed)}
 	ids := make([]string, len(lostErr.MessageIDs))
 	for i, id := range lostErr.MessageIDs {
@@ -182,5 +235,12 @@ func (r *Relay) checkNotLost(ctx context.Context, stored position.Position) (los
 	r.published = position.Position{}
 	r.recent, r.recentRows = nil, 0
 	r.publishedMu.Unlock()
+	if r.state != nil {
+		// Its position is the old server's: until this term acknowledges
+		// something, a restart compares with the progress row instead.
+		if err := os.Remove(r.state.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			r.log.Warn("cannot remove the state file after accepting lost GTIDs", zap.Error(err))
+		}
+	}
 	return true, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,7 +32,7 @@ type failoverRig struct {
 	rr               *relayRun
 }
 
-func newFailoverRig(t *testing.T, accept bool) *failoverRig {
+func newFailoverRig(t *testing.T, accept bool, tweak ...func(*Config)) *failoverRig {
 	t.Helper()
 	primary, db, b := privateSetup(t)
 	f := &failoverRig{primary: primary, replica: primary.StartReplica(t), db: db, b: b}
@@ -41,11 +43,15 @@ func newFailoverRig(t *testing.T, accept bool) *failoverRig {
 		t.Fatal(err)
 	}
 	dsn.Addr = f.vip.Addr()
-	f.rr = runRelay(t, Config{
+	cfg := Config{
 		MySQLDSN: dsn.FormatDSN(), AMQPURL: b.URL, DefaultExchange: b.Exchange,
 		CheckpointInterval: time.Second, HeartbeatInterval: 500 * time.Millisecond,
 		AcceptLostGTIDs: accept,
-	}, nil)
+	}
+	for _, tw := range tweak {
+		tw(&cfg)
+	}
+	f.rr = runRelay(t, cfg, nil)
 	return f
 }
 
@@ -124,9 +130,9 @@ const lostRows = 300
 // acknowledges; then the primary dies and the replica, behind, is promoted.
 // It returns the rig and a pool on the new primary, with the relay's
 // in-memory position newer than the replicated progress row.
-func lossyFailover(ctx context.Context, t *testing.T, accept bool) (*failoverRig, *sql.DB) {
+func lossyFailover(ctx context.Context, t *testing.T, accept bool, tweak ...func(*Config)) (*failoverRig, *sql.DB) {
 	t.Helper()
-	f := newFailoverRig(t, accept)
+	f := newFailoverRig(t, accept, tweak...)
 	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
 	produce(ctx, t, f.db, f.b, f.v, load{producers: 2, partitions: 10, total: 300, bigTxn: 10, bigShare: 0.3})
 	if err := f.v.WaitComplete(ctx); err != nil {
@@ -283,4 +289,48 @@ func TestRelayFailoverToReplicaWithOtherDomain(t *testing.T) {
 		t.Fatalf("%d duplicates, more than the %d rows the replica had not seen acknowledged", d, tail)
 	}
 	t.Logf("checkpoint after the failover: %s; %d rows pending at the failover, %d duplicates", stored, tail, f.v.Duplicates())
+}
+
+// A lossy failover seen by processes started fresh against the promoted
+// replica. Without a state file such a process knows only the replicated
+// progress row, which the replica has, so it resumes (the documented
+// limit). With the --state-file the old process kept, it refuses as the old
+// process does, naming the file.
+func TestRelayStateFileCatchesLossyFailoverAfterRestart(t *testing.T) {
+	ctx := testenv.Context(t, 3*time.Minute)
+	state := filepath.Join(t.TempDir(), "relay-state.json")
+	f, _ := lossyFailover(ctx, t, false, func(c *Config) { c.StateFile = state })
+	// The old process notices on its own reconnection (as in
+	// TestRelayRefusesLossyFailover); stop waiting for it either way.
+	select {
+	case <-f.rr.done:
+	case <-time.After(time.Minute):
+		t.Fatal("the old relay kept running on a server that lacks what it published")
+	}
+	f.rr.err = nil
+	saved, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatalf("the state file: %v", err)
+	}
+
+	fresh := func(stateFile string) *relayRun {
+		return runRelay(t, Config{MySQLDSN: f.replica.DSN(f.db.Name), AMQPURL: f.b.URL, DefaultExchange: f.b.Exchange,
+			HeartbeatInterval: 500 * time.Millisecond, StateFile: stateFile}, nil)
+	}
+	withFile := fresh(state)
+	select {
+	case <-withFile.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("a fresh relay with the state file (%s) resumed on a server that lacks what it published", saved)
+	}
+	var lost *LostGTIDsError
+	if !errors.As(withFile.err, &lost) || !strings.Contains(lost.Error(), "--state-file "+state) {
+		t.Fatalf("fresh relay with the state file: %v, want a *LostGTIDsError naming the file", withFile.err)
+	}
+	withFile.err = nil
+	t.Logf("refused with the state file: %v", lost.Missing)
+
+	// Without it the same start is not caught: the row is the replica's own.
+	without := fresh("")
+	waitFor(ctx, t, without, "tailing without a state file", without.r.Tailing)
 }

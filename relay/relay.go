@@ -51,6 +51,11 @@ type Relay struct {
 	recent       []recentTxn       // the latest acknowledged transactions with rows (noteResolved)
 	recentRows   int               // message ids in recent
 	lastResolved position.Position // position of the last transaction noteResolved saw
+	// publishedFrom says where published came from, for the lossy-failover
+	// error: this process's acknowledgements, or the state file.
+	publishedFrom string
+	state         *stateFile // nil without Config.StateFile
+	stateFailing  bool       // the last write of the state file failed (logged once)
 }
 
 // Ready is nil when the relay does its job: it leads and delivers (tails the
@@ -121,8 +126,12 @@ func New(cfg Config) (*Relay, error) {
 		db.Close()
 		return nil, &ConfigError{err}
 	}
+	var state *stateFile
+	if cfg.StateFile != "" {
+		state = &stateFile{path: cfg.StateFile, relayName: cfg.RelayName}
+	}
 	return &Relay{
-		cfg: cfg, log: cfg.Logger, db: db, store: store,
+		cfg: cfg, log: cfg.Logger, db: db, store: store, state: state,
 		canal: canal.Config{
 			Host: host, Port: port, User: dsn.User, Password: dsn.Passwd,
 			ServerID: cfg.ServerID, Schema: dsn.DBName, Table: cfg.Table, Logger: cfg.Logger.Named("canal"),
@@ -143,6 +152,9 @@ func (r *Relay) Close() error { return r.db.Close() }
 // beats it each time it looks for leadership (at least every lease/4), a
 // leader once per term, and Run deletes it when it returns.
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.loadState(); err != nil {
+		return err
+	}
 	if err := r.preflight(ctx); err != nil {
 		return err
 	}

@@ -73,6 +73,17 @@ func TestCLIRunBeforeMigrate(t *testing.T) {
 	})
 }
 
+// TestCLIRunStateFileUnwritable: a --state-file in a directory that does
+// not exist stops run at once (exit 2) naming the path, instead of running
+// without the check it asks for.
+func TestCLIRunStateFileUnwritable(t *testing.T) {
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	migrate(t, db.DSN)
+	path := filepath.Join(t.TempDir(), "missing", "state.json")
+	expectExit(t, newRelayProc(t, relayArgs(db, b, "--state-file", path)...), 2, []string{path, "cannot write"}, nil)
+}
+
 // TestCLIRunBadAMQPURL: a URL that is not amqp:// or amqps:// or does not
 // parse is bad usage, reported before connecting, without the password.
 func TestCLIRunBadAMQPURL(t *testing.T) {
