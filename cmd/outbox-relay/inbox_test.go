@@ -11,7 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/dedup"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/position"
 )
 
@@ -107,59 +107,20 @@ func (c *countingConsumer) uncoveredTail(ctx context.Context, t *testing.T, db *
 		"FROM outbox_relay_progress WHERE relay_name = 'default'").Scan(&from.Flavor, &from.GTIDSet); err != nil {
 		t.Fatal(err)
 	}
-	until, err := canal.CurrentPosition(ctx, db.SQL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if done, err := position.Reached(from, until); err != nil || done {
-		if err != nil {
-			t.Fatal(err)
-		}
-		return 0
-	}
-	tailer, err := canal.New(canal.Config{
+	ids, err := testload.MessageIDsAfter(ctx, db.SQL, canal.Config{
 		Host: db.Host, Port: db.Port, User: db.User, Password: db.Password,
 		ServerID: nextRunServerID.Add(1), Schema: db.Name, Table: "outbox",
-	})
+	}, from)
 	if err != nil {
 		t.Fatal(err)
-	}
-	readCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	h := &idCollector{until: until, done: cancel}
-	if err := tailer.Run(readCtx, from, h); err != nil && ctx.Err() == nil && !h.reached {
-		t.Fatalf("read the binlog after %s: %v", from, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
-	for _, id := range h.ids {
-		if c.seen[id] {
+	for _, id := range ids {
+		if c.seen[id.String()] {
 			n++
 		}
 	}
 	return n
-}
-
-// idCollector is a canal.Handler that keeps the message ids of the outbox
-// rows it is given, until a transaction reaches until.
-type idCollector struct {
-	until   position.Position
-	done    context.CancelFunc
-	ids     []string
-	reached bool
-}
-
-func (h *idCollector) Row(_ context.Context, rec *outbox.Record) error {
-	h.ids = append(h.ids, rec.MessageID.String())
-	return nil
-}
-
-func (h *idCollector) Commit(_ context.Context, pos position.Position, _ int) error {
-	if ok, err := position.Reached(pos, h.until); err != nil || ok {
-		h.reached = true
-		h.done()
-		return err
-	}
-	return nil
 }
