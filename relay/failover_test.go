@@ -90,6 +90,24 @@ func (f *failoverRig) failover(t *testing.T) *sql.DB {
 	return db
 }
 
+// checkDelivered waits until every message produced has arrived and checks
+// first deliveries in commit order per partition, and that duplicates come
+// only from the transactions after the replicated checkpoint (not only the
+// rows pending there: rows of a transaction the relay had partly
+// acknowledged are deleted while the position is not yet past it).
+func (f *failoverRig) checkDelivered(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := f.v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.v.Check(validator.AtLeastOnce); err != nil {
+		t.Fatal(err)
+	}
+	if d := f.v.Duplicates(); d > len(f.replayable) {
+		t.Fatalf("%d duplicates, more than the %d rows after the replicated checkpoint", d, len(f.replayable))
+	}
+}
+
 // failoverCount is the value of a COUNT(*) query.
 func failoverCount(ctx context.Context, t *testing.T, db *sql.DB, q string) int {
 	t.Helper()
@@ -126,15 +144,7 @@ func TestRelayFailoverToCaughtUpReplica(t *testing.T) {
 		before, total, tail, len(f.replayable))
 
 	produce(ctx, t, &testenv.DB{SQL: rdb}, f.b, f.v, load{producers: 4, partitions: 40, total: 2_000, bigTxn: 50, bigShare: 0.5})
-	if err := f.v.WaitComplete(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.v.Check(validator.AtLeastOnce); err != nil {
-		t.Fatal(err)
-	}
-	if d := f.v.Duplicates(); d > len(f.replayable) {
-		t.Fatalf("%d duplicates, more than the %d rows after the replicated checkpoint", d, len(f.replayable))
-	}
+	f.checkDelivered(ctx, t)
 	waitRows(ctx, t, &testenv.DB{SQL: rdb}, "SELECT COUNT(*) FROM outbox", 0)
 	select {
 	case <-f.rr.done:
@@ -300,19 +310,8 @@ func TestRelayFailoverToReplicaWithOtherDomain(t *testing.T) {
 		CheckpointInterval: time.Second, HeartbeatInterval: 500 * time.Millisecond}, nil)
 	waitFor(ctx, t, rr, "tailing", rr.r.Tailing)
 	produce(ctx, t, newDB, f.b, f.v, load{producers: 2, partitions: 20, total: 1_000, bigTxn: 50, bigShare: 0.5})
-	if err := f.v.WaitComplete(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The clean stop and the fresh start repeat nothing: every duplicate
-	// comes from the transactions after the replicated checkpoint. (Not
-	// only the rows pending there: rows of a transaction the relay had
-	// partly acknowledged are deleted, the position not yet past it.)
-	if err := f.v.Check(validator.AtLeastOnce); err != nil {
-		t.Fatal(err)
-	}
-	if d := f.v.Duplicates(); d > len(f.replayable) {
-		t.Fatalf("%d duplicates, more than the %d rows after the replicated checkpoint", d, len(f.replayable))
-	}
+	// The clean stop and the fresh start repeat nothing.
+	f.checkDelivered(ctx, t)
 	t.Logf("checkpoint after the failover: %s; %d rows pending and %d rows after the replicated checkpoint at the failover; %d duplicates",
 		stored, tail, len(f.replayable), f.v.Duplicates())
 }
