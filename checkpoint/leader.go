@@ -281,11 +281,18 @@ func (l *Leader) TookOver() string { return l.takeover }
 // Valid reports whether this leader may publish now: leadership not lost
 // and the lease not expired. Check it after reading a row and before
 // publishing it: a row read after a stop longer than the lease is then never
-// published by this (stale) leader.
+// published by this (stale) leader. Finding the lease expired ends
+// leadership at once (Lost closed, Err ErrLeaseExpired), without waiting for
+// the expiry timer, which a process just woken from a stop may not have run
+// yet.
 func (l *Leader) Valid() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.err == nil && time.Now().Before(l.validUntil)
+	if l.err == nil && !time.Now().Before(l.validUntil) {
+		l.err = ErrLeaseExpired
+		close(l.lost)
+	}
+	return l.err == nil
 }
 
 // Lost is closed when leadership is lost (the lock connection failed, the

@@ -205,7 +205,7 @@ func check(ctx context.Context, conn *sql.Conn, schema, table string, wantPartit
 	}
 	for _, s := range want {
 		if got := found[s.table]; got != nil {
-			if err := checkColumns(s.role, s.table, s.columns, got); err != nil {
+			if err := checkColumns(s.role, s.table, s.columns, got, false); err != nil {
 				return err
 			}
 		}

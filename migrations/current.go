@@ -3,6 +3,7 @@ package migrations
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 )
 
@@ -36,12 +37,11 @@ func Current(ctx context.Context, db *sql.DB, table string) error {
 		if got == nil {
 			return &SchemaError{Role: s.role, Table: s.table, Got: "missing", Want: "present", Hint: hint}
 		}
-		for _, c := range s.columns {
-			if _, ok := got[c.name]; !ok {
-				return &SchemaError{Role: s.role, Table: s.table, Column: c.name, Want: c.typ, Hint: hint}
+		if err := checkColumns(s.role, s.table, s.columns, got, true); err != nil {
+			var se *SchemaError
+			if errors.As(err, &se) && se.Got == "" {
+				se.Hint = hint // missing: the migrations were not run
 			}
-		}
-		if err := checkColumns(s.role, s.table, s.columns, got); err != nil {
 			return err
 		}
 	}

@@ -228,10 +228,13 @@ func contains(list []string, s string) bool {
 }
 
 // checkColumns compares a table's columns with the expected ones.
-func checkColumns(role, table string, want []column, got map[string]foundColumn) error {
+// checkColumns compares a table's columns with want. A column a later
+// migration adds may be missing unless strict (a running relay needs them
+// all: Current).
+func checkColumns(role, table string, want []column, got map[string]foundColumn, strict bool) error {
 	for _, c := range want {
 		f, ok := got[c.name]
-		if !ok && addedLater(table, c.name) {
+		if !ok && !strict && addedLater(table, c.name) {
 			continue
 		}
 		if !ok {

@@ -216,15 +216,9 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 	r.log.Info("polling the outbox table")
 	stop := make(chan struct{})
 	done := make(chan error, 1)
-	go func() {
-		err := p.RunUntil(pollCtx, stop)
-		if errors.Is(err, checkpoint.ErrLeaseExpired) {
-			// A round found the lease expired (this process was stopped
-			// past it): end the term at once, as a binlog lane does.
-			leader.Lose(checkpoint.ErrLeaseExpired)
-		}
-		done <- err
-	}()
+	// A round that finds the lease expired has ended leadership through
+	// Valid: pollCtx ends with it.
+	go func() { done <- p.RunUntil(pollCtx, stop) }()
 
 	var probe <-chan time.Time
 	if r.cfg.Mode == ModeAuto {

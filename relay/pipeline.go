@@ -226,7 +226,6 @@ func (p *pipeline) runLane(ctx context.Context, i int) error {
 		// expired (this process was stopped, a standby may lead) is never
 		// published by this leader.
 		if !p.leader.Valid() {
-			p.leader.Lose(checkpoint.ErrLeaseExpired)
 			return fmt.Errorf("lane %d: %w", i, checkpoint.ErrLeaseExpired)
 		}
 		if err := ch.Publish(ctx, item.msg); err != nil {

@@ -64,9 +64,6 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 			return err
 		}
 		swept, err := drainer.Drain(ctx)
-		if errors.Is(err, checkpoint.ErrLeaseExpired) {
-			p.leader.Lose(err)
-		}
 		if err != nil {
 			return fmt.Errorf("deliver pending rows before tailing: %w", err)
 		}

@@ -56,9 +56,12 @@ func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poll
 		}
 		n, err := s.Round(ctx)
 		if err != nil {
-			if errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, checkpoint.ErrLeaseExpired) {
-				p.leader.Lose(err) // a newer leader exists or may: end the term now
+			if errors.Is(err, checkpoint.ErrFenced) {
+				p.leader.Lose(err) // a newer leader exists: end the term now
 				return
+			}
+			if errors.Is(err, checkpoint.ErrLeaseExpired) {
+				return // Valid has ended the term
 			}
 			if ctx.Err() != nil {
 				return

@@ -104,6 +104,10 @@ type pauseJSON struct {
 	Checkpoint checkpointJSON `json:"checkpoint"`
 }
 
+func pauseJSONOf(s checkpoint.RelayStatus, was string) pauseJSON {
+	return pauseJSON{RelayName: s.RelayName, Was: was, Status: s.Status, Paused: pausedOf(s), Leader: leaderOf(s), Checkpoint: checkpointOf(s)}
+}
+
 // awaitPaused waits until a live leader has stopped for the pause (or
 // none runs, or wait has passed) and prints the state.
 func awaitPaused(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags, was string, wait time.Duration) error {
@@ -116,7 +120,7 @@ func awaitPaused(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags,
 		s := rows[0]
 		stopped := s.Paused != nil && s.Paused.Stopped
 		if stopped || !s.Live() || time.Now().After(deadline) {
-			j := pauseJSON{RelayName: s.RelayName, Was: was, Status: s.Status, Paused: pausedOf(s), Leader: leaderOf(s), Checkpoint: checkpointOf(s)}
+			j := pauseJSONOf(s, was)
 			if r.json {
 				if err := printJSON(inv.stdout, j); err != nil {
 					return err
@@ -149,7 +153,7 @@ func printResumed(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags
 		return err
 	}
 	s := rows[0]
-	j := pauseJSON{RelayName: s.RelayName, Was: was, Status: s.Status, Paused: pausedOf(s), Leader: leaderOf(s), Checkpoint: checkpointOf(s)}
+	j := pauseJSONOf(s, was)
 	if r.json {
 		return printJSON(inv.stdout, j)
 	}

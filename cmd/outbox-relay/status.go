@@ -305,16 +305,21 @@ func leaderText(l *leaderJSON) string {
 	if l == nil {
 		return "none"
 	}
+	return processText(l.Instance, l.Since, l.HeartbeatAgeSeconds, l.Alive)
+}
+
+// processText is one relay process, leader or standby, for people.
+func processText(instance string, since *time.Time, heartbeatAge float64, alive bool) string {
 	state := "alive"
-	if !l.Alive {
+	if !alive {
 		state = "NOT ALIVE (heartbeat older than the lease)"
 	}
-	since := "?"
-	if l.Since != nil {
-		since = utcText(*l.Since)
+	at := "?"
+	if since != nil {
+		at = utcText(*since)
 	}
-	return fmt.Sprintf("%s since %s, heartbeat %ss ago, %s", l.Instance, since,
-		strconv.FormatFloat(l.HeartbeatAgeSeconds, 'f', 1, 64), state)
+	return fmt.Sprintf("%s since %s, heartbeat %ss ago, %s", instance, at,
+		strconv.FormatFloat(heartbeatAge, 'f', 1, 64), state)
 }
 
 // standbysText lists the standbys on one line, like leaderText each.
@@ -324,12 +329,7 @@ func standbysText(list []standbyJSON) string {
 	}
 	parts := make([]string, len(list))
 	for i, sb := range list {
-		state := "alive"
-		if !sb.Alive {
-			state = "NOT ALIVE (heartbeat older than the lease)"
-		}
-		parts[i] = fmt.Sprintf("%s since %s, heartbeat %ss ago, %s", sb.Instance, utcText(sb.StartedAt),
-			strconv.FormatFloat(sb.HeartbeatAgeSeconds, 'f', 1, 64), state)
+		parts[i] = processText(sb.Instance, &sb.StartedAt, sb.HeartbeatAgeSeconds, sb.Alive)
 	}
 	return strings.Join(parts, "; ")
 }
