@@ -1,6 +1,7 @@
 package canal
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -66,6 +67,13 @@ type Config struct {
 	// lasted long enough to fall back to polling (it then cancels Run's
 	// context). It must not block for long.
 	OnRetry func(err error, attempt int)
+
+	// CheckServer, if set, is called from Run's goroutine before every dump
+	// after the first of a Run: a reconnect may reach another server than
+	// the one the stream started on (a VIP or proxy moved by a failover).
+	// An error wrapped in a *StopError ends Run with that error; any other
+	// error counts as a failed connection and is retried.
+	CheckServer func(ctx context.Context) error
 
 	Logger *zap.Logger // default zap.NewNop()
 }

@@ -73,6 +73,14 @@ func (e *AccessError) Error() string {
 		"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO the relay's user", e.User, e.Detail)
 }
 
+// StopError is returned by Config.CheckServer to end Run: the server the
+// stream reconnected to must not be read (the relay's lossy-failover check
+// refused it). Run returns it wrapped.
+type StopError struct{ Err error }
+
+func (e *StopError) Error() string { return e.Err.Error() }
+func (e *StopError) Unwrap() error { return e.Err }
+
 // HandlerError wraps an error returned by the Handler; Run stops with it.
 type HandlerError struct {
 	Op  string // "Row" or "Commit"

@@ -273,6 +273,9 @@ func (s *session) rowsEvent(ctx context.Context, ev *replication.BinlogEvent, e 
 		if err != nil {
 			return fmt.Errorf("transaction %s, outbox row %d: %w", s.txnID, s.rows, err)
 		}
+		if s.txnGTID.valid() {
+			rec.GTID = s.txnID
+		}
 		s.progressed = true
 		if err := s.h.Row(ctx, rec); err != nil {
 			return &HandlerError{Op: "Row", Err: err}

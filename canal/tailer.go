@@ -58,7 +58,8 @@ func New(cfg Config) (*Tailer, error) {
 // Run streams from `from` (exclusive: the first transaction delivered is the
 // one after it) until ctx ends (it then returns ctx.Err()) or a fatal error:
 // *PurgedError, *AccessError, *SchemaError, *PreflightError, *DivergedError,
-// *HandlerError, or an undecodable event. Every other error (connection
+// *HandlerError, a *StopError from Config.CheckServer, or an undecodable
+// event. Every other error (connection
 // refused or reset, read timeout, server restart) is retried inside Run with
 // jittered exponential backoff, resuming after the last transaction passed to
 // Commit and skipping the rows of the interrupted transaction that Row
@@ -88,8 +89,11 @@ func (t *Tailer) Run(ctx context.Context, from position.Position, h Handler) err
 	}
 
 	failures := 0
-	for {
-		err := t.stream(ctx, s)
+	for first := true; ; first = false {
+		err := t.checkServer(ctx, first)
+		if err == nil {
+			err = t.stream(ctx, s)
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -120,6 +124,17 @@ func (t *Tailer) Run(ctx context.Context, from position.Position, h Handler) err
 		case <-timer.C:
 		}
 	}
+}
+
+// checkServer runs Config.CheckServer before a reconnected dump.
+func (t *Tailer) checkServer(ctx context.Context, first bool) error {
+	if first || t.cfg.CheckServer == nil {
+		return nil
+	}
+	if err := t.cfg.CheckServer(ctx); err != nil {
+		return fmt.Errorf("check the server before resuming the binlog stream: %w", err)
+	}
+	return nil
 }
 
 // stream runs one connection: it starts the dump from s.committed and feeds
@@ -235,15 +250,18 @@ func (t *Tailer) fatal(err error, s *session) error {
 		return nil
 	}
 	var (
-		pe *PreflightError
-		se *SchemaError
-		he *HandlerError
-		de *DivergedError
-		ee *replication.EventError
-		me *mysql.MyError
-		fe *fatalError
+		pe   *PreflightError
+		stop *StopError
+		se   *SchemaError
+		he   *HandlerError
+		de   *DivergedError
+		ee   *replication.EventError
+		me   *mysql.MyError
+		fe   *fatalError
 	)
 	switch {
+	case errors.As(err, &stop):
+		return fmt.Errorf("canal: %w", err)
 	case errors.As(err, &pe), errors.As(err, &se), errors.As(err, &he), errors.As(err, &de):
 		return fmt.Errorf("canal: %w", err)
 	case errors.As(err, &fe):

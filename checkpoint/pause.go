@@ -11,6 +11,7 @@ import (
 const (
 	StatusActive = "ACTIVE" // the leader reads and publishes
 	StatusPaused = "PAUSED" // an operator paused it: the leader keeps leadership and reads nothing further
+	StatusFailed = "FAILED" // the last leader stopped on an error a restart does not cure (MarkFailed)
 )
 
 // SetByOperator begins the mode reason `checkpoint set` stores (with the
@@ -29,11 +30,12 @@ func Pause(ctx context.Context, db *sql.DB, relayName string) (was string, err e
 		status = 'PAUSED' WHERE relay_name = ?`)
 }
 
-// Resume is the operator's `resume`: status ACTIVE, the pause columns
-// cleared. It returns the status as it was before.
+// Resume is the operator's `resume`: status ACTIVE, the pause columns and
+// failed_at cleared (a FAILED relay is resumed too). It returns the status
+// as it was before.
 func Resume(ctx context.Context, db *sql.DB, relayName string) (was string, err error) {
 	return setStatus(ctx, db, relayName, `UPDATE outbox_relay_progress SET
-		paused_at = NULL, paused_epoch = NULL, status = 'ACTIVE' WHERE relay_name = ?`)
+		paused_at = NULL, paused_epoch = NULL, failed_at = NULL, status = 'ACTIVE' WHERE relay_name = ?`)
 }
 
 // setStatus runs update (status assigned last: MySQL evaluates a single

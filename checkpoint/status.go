@@ -18,9 +18,10 @@ var ErrUnknownRelay = errors.New("no progress row for this relay name")
 // `checkpoint show`). Times are UTC; the zero time means none.
 type RelayStatus struct {
 	RelayName   string
-	Status      string      // ACTIVE, PAUSED or FAILED
-	Paused      *PauseState // nil unless Status is PAUSED
-	Mode        string      // binlog or poll
+	Status      string       // ACTIVE, PAUSED or FAILED
+	Paused      *PauseState  // nil unless Status is PAUSED
+	Failed      *FailedState // nil unless Status is FAILED
+	Mode        string       // binlog or poll
 	ModeReason  string
 	Epoch       int64
 	Leader      *LeaderState // nil when the row names no leader (none ever, or a clean stop)
@@ -40,6 +41,14 @@ type PauseState struct {
 	// False while it is still finishing in-flight messages, or when no
 	// leader has seen the pause yet.
 	Stopped bool
+}
+
+// FailedState is a FAILED status as the row tells it: since when the last
+// leader stopped on an error a restart does not cure (the error is
+// LastError).
+type FailedState struct {
+	Since   time.Time
+	Seconds float64 // how long ago, by the server's clock
 }
 
 // LeaderState is the leader the row names. Alive is false when its
@@ -66,7 +75,8 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 	q := `SELECT relay_name, flavor, gtid_set, binlog_file, binlog_pos, mode, mode_reason, status, epoch,
 		leader_instance, leader_since, TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, UTC_TIMESTAMP(6)),
 		error_count, last_error, last_event_at, updated_at,
-		paused_at, TIMESTAMPDIFF(MICROSECOND, paused_at, UTC_TIMESTAMP(6)), paused_epoch FROM outbox_relay_progress`
+		paused_at, TIMESTAMPDIFF(MICROSECOND, paused_at, UTC_TIMESTAMP(6)), paused_epoch,
+		failed_at, TIMESTAMPDIFF(MICROSECOND, failed_at, UTC_TIMESTAMP(6)) FROM outbox_relay_progress`
 	var args []any
 	if relayName != "" {
 		q += " WHERE relay_name = ?"
@@ -82,12 +92,12 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 		var (
 			s                                             RelayStatus
 			flavor, gtid, file, reason, leader, lastError sql.NullString
-			since, lastEvent, updated, pausedAt           sql.NullString
-			pos, hbAge, pausedAge, pausedEpoch            sql.NullInt64
+			since, lastEvent, updated, pausedAt, failedAt sql.NullString
+			pos, hbAge, pausedAge, pausedEpoch, failedAge sql.NullInt64
 		)
 		if err := rows.Scan(&s.RelayName, &flavor, &gtid, &file, &pos, &s.Mode, &reason, &s.Status, &s.Epoch,
 			&leader, &since, &hbAge, &s.ErrorCount, &lastError, &lastEvent, &updated,
-			&pausedAt, &pausedAge, &pausedEpoch); err != nil {
+			&pausedAt, &pausedAge, &pausedEpoch, &failedAt, &failedAge); err != nil {
 			return nil, fmt.Errorf("read progress rows: %w", err)
 		}
 		s.Position = position.Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint32(pos.Int64)}
@@ -96,6 +106,9 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 		if s.Status == StatusPaused {
 			s.Paused = &PauseState{Since: parseTime(pausedAt), Seconds: max(float64(pausedAge.Int64)/1e6, 0),
 				Stopped: pausedEpoch.Valid && pausedEpoch.Int64 == s.Epoch}
+		}
+		if s.Status == StatusFailed {
+			s.Failed = &FailedState{Since: parseTime(failedAt), Seconds: max(float64(failedAge.Int64)/1e6, 0)}
 		}
 		if leader.Valid {
 			age := float64(hbAge.Int64) / 1e6

@@ -63,6 +63,8 @@ func plan(table string, partitionedTable bool) []migration {
 		// Pause columns and the instances table; it runs again (without
 		// effect on the progress table) if the instances table is gone.
 		{"0006_pause_and_instances", "0006_pause_and_instances.sql", []string{InstancesTable}},
+		// failed_at on a progress table created before it existed.
+		{"0007_progress_failed_at", "0007_progress_failed_at.sql", nil},
 	}
 }
 
@@ -80,7 +82,8 @@ func plan(table string, partitionedTable bool) []migration {
 //     missing columns accepted are message_deduplication's consumer (version
 //     0004_dedup_consumer adds it and keys the table by it, keeping its rows)
 //     and outbox_relay_progress's mode_reason (0005_progress_mode_reason),
-//     paused_at and paused_epoch (0006_pause_and_instances).
+//     paused_at and paused_epoch (0006_pause_and_instances), and failed_at
+//     (0007_progress_failed_at).
 //   - A version runs when it is not recorded, or when a table it creates no
 //     longer exists. Tables are only ever created (CREATE TABLE IF NOT
 //     EXISTS), never altered destructively or dropped. Two steps follow the

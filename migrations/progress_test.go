@@ -50,3 +50,41 @@ func TestApplyAddsModeReason(t *testing.T) {
 		t.Fatalf("third migrate applied %v, %v", applied, err)
 	}
 }
+
+// A progress table from before 0007 (no failed_at, a row in it) gets the
+// column on the next migrate, NULL, and keeps its row.
+func TestApplyAddsFailedAt(t *testing.T) {
+	db := testenv.MySQL(t).SQL
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"ALTER TABLE outbox_relay_progress DROP COLUMN failed_at",
+		"DELETE FROM outbox_relay_migrations WHERE version LIKE '0007%'",
+		"INSERT INTO outbox_relay_progress (relay_name, gtid_set, epoch) VALUES ('r', '0-1-7', 3)",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := migrations.Current(ctx, db, ""); err == nil {
+		t.Fatal("Current accepts a progress table without failed_at")
+	}
+	applied, err := migrations.Apply(ctx, db, migrations.Options{})
+	if want := []string{"0007_progress_failed_at"}; err != nil || !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, %v; want %v", applied, err, want)
+	}
+	var (
+		gtid     string
+		failedAt sql.NullTime
+	)
+	if err := db.QueryRowContext(ctx, "SELECT gtid_set, failed_at FROM outbox_relay_progress WHERE relay_name = 'r'").
+		Scan(&gtid, &failedAt); err != nil {
+		t.Fatal(err)
+	}
+	if gtid != "0-1-7" || failedAt.Valid {
+		t.Fatalf("row after migrate: %q %v", gtid, failedAt)
+	}
+}

@@ -26,9 +26,7 @@ func midOf(id uint64) outbox.MessageID {
 }
 
 // A batch carries each row's message id in the order of its id ranges,
-// whatever order the outcomes came in, also across Merge; and the
-// transactions it resolved, each with its position and its rows' message
-// ids (none for foreign ones).
+// whatever order the outcomes came in, also across Merge.
 func TestBatchCarriesMessageIDs(t *testing.T) {
 	tr := New[int](1 << 20)
 	a5, a6 := recMID(t, tr, 5), recMID(t, tr, 6)
@@ -49,11 +47,8 @@ func TestBatchCarriesMessageIDs(t *testing.T) {
 	if want := []outbox.MessageID{midOf(5), midOf(6), midOf(9)}; !slices.Equal(b.MessageIDs, want) {
 		t.Fatalf("message ids %v, want %v", b.MessageIDs, want)
 	}
-	if len(b.Resolved) != 3 || b.Resolved[0].Pos != 10 || b.Resolved[1].Pos != 15 || b.Resolved[2].Pos != 20 ||
-		!slices.Equal(b.Resolved[0].MessageIDs, []outbox.MessageID{midOf(5), midOf(6)}) ||
-		len(b.Resolved[1].MessageIDs) != 0 ||
-		!slices.Equal(b.Resolved[2].MessageIDs, []outbox.MessageID{midOf(9)}) {
-		t.Fatalf("resolved %+v", b.Resolved)
+	if !b.HasPos || b.Pos != 20 || b.Txns != 3 {
+		t.Fatalf("position %v (has %v) after %d transactions, want 20 after 3", b.Pos, b.HasPos, b.Txns)
 	}
 
 	c3 := recMID(t, tr, 3) // a lower id later: Merge keeps ids and message ids paired
@@ -67,7 +62,7 @@ func TestBatchCarriesMessageIDs(t *testing.T) {
 	if want := []outbox.MessageID{midOf(5), midOf(6), midOf(9), midOf(3)}; !slices.Equal(b.MessageIDs, want) {
 		t.Fatalf("merged message ids %v, want %v", b.MessageIDs, want)
 	}
-	if len(b.Resolved) != 4 || b.Resolved[3].Pos != 30 {
-		t.Fatalf("merged resolved %+v", b.Resolved)
+	if b.Pos != 30 || b.Txns != 4 {
+		t.Fatalf("merged position %v after %d transactions, want 30 after 4", b.Pos, b.Txns)
 	}
 }

@@ -30,22 +30,11 @@ type Batch[P any] struct {
 	// lists them (its ranges in turn, each ascending): rows are
 	// acknowledged by (id, message_id), never by id alone, because a lossy
 	// failover can hand an acknowledged id to another message.
-	MessageIDs []outbox.MessageID
-	// Resolved lists the transactions the batch resolved (those HasPos moves
-	// past), oldest first: each one's position and the message ids of its
-	// rows (none for a run of foreign transactions). The relay keeps the
-	// last few to name the messages a lossy failover lost.
-	Resolved    []Resolved[P]
+	MessageIDs  []outbox.MessageID
 	Failed      []Failure // the subset that goes to outbox_failed
 	LastEventAt time.Time // created_at of the newest row in the batch
 	Txns        int       // transactions resolved, outbox or foreign
 	Bytes       int64     // what the rows still hold of the budget: Release it once acknowledged
-}
-
-// Resolved is one transaction of Batch.Resolved.
-type Resolved[P any] struct {
-	Pos        P
-	MessageIDs []outbox.MessageID
 }
 
 // Rows is the number of rows the batch acknowledges.
@@ -69,7 +58,6 @@ func (b *Batch[P]) Merge(later Batch[P]) {
 		b.IDs = append(b.IDs, r)
 	}
 	b.MessageIDs = append(b.MessageIDs, later.MessageIDs...)
-	b.Resolved = append(b.Resolved, later.Resolved...)
 	b.Failed = append(b.Failed, later.Failed...)
 	if later.LastEventAt.After(b.LastEventAt) {
 		b.LastEventAt = later.LastEventAt
@@ -94,7 +82,6 @@ type txn[P any] struct {
 	closed  bool
 	pending int // rows without an outcome
 	rows    int // rows read
-	mids    []outbox.MessageID
 }
 
 // Tracker follows transactions in binlog order from the moment their rows are
@@ -158,7 +145,6 @@ func (t *Tracker[P]) Add(ctx context.Context, rec *outbox.Record) (*Ticket[P], e
 			tx := t.open
 			tx.pending++
 			tx.rows++
-			tx.mids = append(tx.mids, rec.MessageID)
 			t.bytes += size
 			t.inflight++
 			t.mu.Unlock()
@@ -270,7 +256,6 @@ func (t *Tracker[P]) Take() (b Batch[P], ok bool) {
 	n := 0
 	for n < len(t.queue) && t.queue[n].closed && t.queue[n].pending == 0 {
 		b.Pos, b.HasPos = t.queue[n].pos, true
-		b.Resolved = append(b.Resolved, Resolved[P]{Pos: t.queue[n].pos, MessageIDs: t.queue[n].mids})
 		t.queue[n] = nil
 		n++
 	}

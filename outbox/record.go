@@ -54,6 +54,10 @@ type Record struct {
 	ContentType  string
 	CreatedAt    time.Time // UTC
 	AvailableAt  time.Time // zero when NULL (available at once)
+	// GTID is the GTID of the binlog transaction that inserted the row, in
+	// the server's syntax ("0-1-42", "uuid:42"), when it was read from a
+	// binlog with GTIDs; "" otherwise (polled rows, file+position mode).
+	GTID string
 }
 
 // Size is the record's approximate memory footprint, used to bound what the

@@ -1,7 +1,9 @@
 package position
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
@@ -188,4 +190,31 @@ func (g *GTIDs) String() string {
 		return g.last.String()
 	}
 	return g.set.String()
+}
+
+// State lists every transaction the set holds, as a GTID list the server's
+// @@gtid_binlog_state would write (MariaDB: the highest sequence number of
+// each domain and server id, ordered by both) or the executed set (MySQL).
+// Unlike String it does not depend on the order GTIDs were added in, so it
+// serves as the union of transactions fed in any order; Missing and NewGTIDs
+// read it.
+func (g *GTIDs) State() string {
+	if g.last == nil {
+		return g.set.String()
+	}
+	keys := make([]mariaKey, 0, len(g.seq))
+	for k := range g.seq {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b mariaKey) int {
+		if c := cmp.Compare(a.domain, b.domain); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.server, b.server)
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%d-%d-%d", k.domain, k.server, g.seq[k])
+	}
+	return strings.Join(parts, ",")
 }

@@ -55,6 +55,7 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 		}
 		last = time.Now()
 		err := p.flushAck(ctx, final)
+		p.r.saveState()
 		p.observe(ctx)
 		switch {
 		case err == nil:
@@ -109,9 +110,10 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	m.MessagesFailed(len(ack.Failed))
 	if ack.HasPos {
 		p.ackedPos = b.Pos
-		p.r.notePublished(b.Pos)
+		if err := p.r.published.acked(b.Pos); err != nil {
+			p.r.log.Warn("acknowledged position not recorded for the failover check", zap.Error(err))
+		}
 	}
-	p.r.noteResolved(b.Resolved)
 	if !b.LastEventAt.IsZero() {
 		p.lastEventAt = b.LastEventAt
 	}

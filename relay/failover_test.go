@@ -163,18 +163,16 @@ const lostRows = 300
 // in-memory position newer than the replicated progress row.
 func lossyFailover(ctx context.Context, t *testing.T, accept bool, tweak ...func(*Config)) (*failoverRig, *sql.DB) {
 	t.Helper()
-	f := newFailoverRig(t, accept, tweak...)
-	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
-	produce(ctx, t, f.db, f.b, f.v, load{producers: 2, partitions: 10, total: 300, bigTxn: 10, bigShare: 0.3})
-	if err := f.v.WaitComplete(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitRows(ctx, t, f.db, "SELECT COUNT(*) FROM outbox", 0)
-	f.primary.WaitReplicaCaughtUp(t, f.replica)
-	if _, err := f.replica.Root(t).ExecContext(ctx, "STOP SLAVE"); err != nil {
-		t.Fatalf("stop the replica: %v", err)
-	}
+	f := lossyRig(ctx, t, accept, tweak...)
+	return f, f.failover(t)
+}
 
+// lossyRig is lossyFailover up to the failover: the replica has stopped,
+// and the relay has published and acknowledged lostRows rows it will never
+// have.
+func lossyRig(ctx context.Context, t *testing.T, accept bool, tweak ...func(*Config)) *failoverRig {
+	t.Helper()
+	f := stoppedReplicaRig(ctx, t, accept, tweak...)
 	// The transactions the replica will never get: published and acknowledged.
 	produce(ctx, t, f.db, f.b, f.v, load{producers: 2, partitions: 10, total: lostRows, bigTxn: 10, bigShare: 0.3})
 	if err := f.v.WaitComplete(ctx); err != nil {
@@ -186,11 +184,33 @@ func lossyFailover(ctx context.Context, t *testing.T, accept bool, tweak ...func
 		t.Fatal(err)
 	}
 	waitFor(ctx, t, f.rr, "holding the acknowledged position", func() bool {
-		missing, err := position.Missing(position.FlavorMariaDB, f.rr.r.newestPublished().GTIDSet,
+		published, _, err := f.rr.r.published.newest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		missing, err := position.Missing(position.FlavorMariaDB, published.GTIDSet,
 			position.Position{Flavor: position.FlavorMariaDB, GTIDSet: stored})
 		return err == nil && missing == ""
 	})
-	return f, f.failover(t)
+	return f
+}
+
+// stoppedReplicaRig is a failover rig whose relay tails and has delivered
+// some rows that the replica holds too; then the replica stops applying.
+func stoppedReplicaRig(ctx context.Context, t *testing.T, accept bool, tweak ...func(*Config)) *failoverRig {
+	t.Helper()
+	f := newFailoverRig(t, accept, tweak...)
+	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
+	produce(ctx, t, f.db, f.b, f.v, load{producers: 2, partitions: 10, total: 300, bigTxn: 10, bigShare: 0.3})
+	if err := f.v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(ctx, t, f.db, "SELECT COUNT(*) FROM outbox", 0)
+	f.primary.WaitReplicaCaughtUp(t, f.replica)
+	if _, err := f.replica.Root(t).ExecContext(ctx, "STOP SLAVE"); err != nil {
+		t.Fatalf("stop the replica: %v", err)
+	}
+	return f
 }
 
 // A lossy failover: the relay (the same process, which remembers a newer

@@ -97,6 +97,7 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 			next, err = r.runPoll(runCtx, leader)
 		} else {
 			next, err = r.runBinlog(runCtx, leader)
+			r.saveState() // what the lanes sent after the acker's last round
 		}
 		pausing := runCtx.Err() != nil && ctx.Err() == nil
 		stopRun()
@@ -200,6 +201,16 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 		case <-pollCtx.Done():
 		}
 	}()
+	// A promoted replica, or a VIP that moved, may lack what was published
+	// (in binlog mode, by this or an earlier term): polling it would hide
+	// the loss. Checked on every poll term, before anything is published.
+	progress, err := r.store.Load(pollCtx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := r.checkNotLost(pollCtx, progress.Position); err != nil {
+		return nil, err
+	}
 	publisher, err := r.newPublisher(pollCtx)
 	if err != nil {
 		return nil, err
@@ -210,6 +221,7 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 		return nil, err
 	}
 	r.tailing.Store(false)
+	r.clearFailed(ctx, leader.Epoch()) // before the flag: whoever sees it sees the status cleared
 	r.polling.Store(true)
 	defer r.polling.Store(false)
 	// Logged after the flag: whoever reads this line sees /readyz answer 200.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // Relay publishes one outbox table's rows to RabbitMQ.
@@ -43,19 +41,12 @@ type Relay struct {
 	// not ready even while it leads.
 	brokerDown atomic.Value // string
 
-	// published is the newest position this process acknowledged, kept
-	// across reconnects and leader terms: the failover check (checkNotLost)
-	// compares it with each server it resumes on.
-	publishedMu  sync.Mutex
-	published    position.Position
-	recent       []recentTxn       // the latest acknowledged transactions with rows (noteResolved)
-	recentRows   int               // message ids in recent
-	lastResolved position.Position // position of the last transaction noteResolved saw
-	// publishedFrom says where published came from, for the lossy-failover
-	// error: this process's acknowledgements, or the state file.
-	publishedFrom string
-	state         *stateFile // nil without Config.StateFile
-	stateFailing  bool       // the last write of the state file failed (logged once)
+	// published is what this process has published (publishedLog), kept
+	// across reconnects and leader terms: the failover check compares it
+	// with every server it resumes on.
+	published    publishedLog
+	state        *stateFile // nil without Config.StateFile
+	stateFailing bool       // the last write of the state file failed (logged once); acker goroutine only
 }
 
 // Ready is nil when the relay does its job: it leads and delivers (tails the
@@ -156,6 +147,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	if err := r.preflight(ctx); err != nil {
+		r.markFailed(ctx, 0, err)
 		return err
 	}
 	r.mode.Store("")
@@ -228,6 +220,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 		if isFatal(err) {
+			r.markFailed(ctx, leader.Epoch(), err)
 			return err
 		}
 		d := retry.Next()
@@ -327,6 +320,29 @@ func (r *Relay) checkTables(ctx context.Context) error {
 		return fmt.Errorf("check the relay's tables: %w", err)
 	}
 	return nil
+}
+
+// markFailed records a fatal error as status FAILED in the progress row
+// (checkpoint.Store.MarkFailed), so `status` shows why no relay delivers:
+// by the leader of epoch, or, with epoch 0, by a process that never led
+// while no other holds the leadership. Best effort: a row that cannot be
+// written (tables missing, database refusing) changes nothing.
+func (r *Relay) markFailed(ctx context.Context, epoch int64, err error) {
+	if !isFatal(err) {
+		return
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if merr := r.store.MarkFailed(mctx, epoch, err.Error()); merr != nil {
+		r.log.Debug("status FAILED not recorded", zap.Error(merr))
+	}
+}
+
+// clearFailed ends a FAILED status once a term delivers again.
+func (r *Relay) clearFailed(ctx context.Context, epoch int64) {
+	if err := r.store.ClearFailed(ctx, epoch); err != nil && ctx.Err() == nil {
+		r.log.Warn("status FAILED not cleared", zap.Error(err))
+	}
 }
 
 func isFatal(err error) bool {

@@ -86,8 +86,9 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 			return positionError(err)
 		}
 	}
-	r.termStarts(from)
+	r.published.startTerm(from.Flavor)
 	cc := r.canal
+	cc.CheckServer = r.checkReconnect
 	cc.OnRetry = func(err error, attempt int) {
 		r.cfg.Metrics.Reconnected(metrics.TargetBinlog)
 		p.watch.onRetry(err, attempt)
@@ -96,6 +97,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	if err != nil {
 		return &ConfigError{err}
 	}
+	r.clearFailed(ctx, p.epoch) // before the flag: whoever sees it sees the status cleared
 	r.tailing.Store(true)
 	// Logged after the flag: whoever reads this line sees /readyz answer 200.
 	r.log.Info("tailing the binlog", zap.String("from", from.String()))

@@ -111,22 +111,23 @@ func setupStatus(fs *flag.FlagSet) runFunc {
 
 // statusJSON is one relay's status (docs/operations.md, "Status and checkpoint").
 type statusJSON struct {
-	RelayName               string         `json:"relay_name"`
-	Status                  string         `json:"status"`
-	Paused                  *pausedJSON    `json:"paused"`
-	Mode                    string         `json:"mode"`
-	ModeReason              *string        `json:"mode_reason"`
-	Epoch                   int64          `json:"epoch"`
-	Leader                  *leaderJSON    `json:"leader"`
-	Standbys                []standbyJSON  `json:"standbys"`
-	Checkpoint              checkpointJSON `json:"checkpoint"`
-	PendingRows             int64          `json:"pending_rows"`
-	OldestPendingAgeSeconds *float64       `json:"oldest_pending_age_seconds"`
-	FailedRows              int64          `json:"failed_rows"`
-	RetentionHeadroom       *float64       `json:"retention_headroom_seconds"`
-	ErrorCount              int64          `json:"error_count"`
-	LastError               *string        `json:"last_error"`
-	LastEventAt             *time.Time     `json:"last_event_at"`
+	RelayName               string            `json:"relay_name"`
+	Status                  string            `json:"status"`
+	Paused                  *pausedJSON       `json:"paused"`
+	Failed                  *failedStatusJSON `json:"failed"`
+	Mode                    string            `json:"mode"`
+	ModeReason              *string           `json:"mode_reason"`
+	Epoch                   int64             `json:"epoch"`
+	Leader                  *leaderJSON       `json:"leader"`
+	Standbys                []standbyJSON     `json:"standbys"`
+	Checkpoint              checkpointJSON    `json:"checkpoint"`
+	PendingRows             int64             `json:"pending_rows"`
+	OldestPendingAgeSeconds *float64          `json:"oldest_pending_age_seconds"`
+	FailedRows              int64             `json:"failed_rows"`
+	RetentionHeadroom       *float64          `json:"retention_headroom_seconds"`
+	ErrorCount              int64             `json:"error_count"`
+	LastError               *string           `json:"last_error"`
+	LastEventAt             *time.Time        `json:"last_event_at"`
 }
 
 // pausedJSON is a pause: since when, for how long, and whether the leader
@@ -142,6 +143,31 @@ func pausedOf(s checkpoint.RelayStatus) *pausedJSON {
 		return nil
 	}
 	return &pausedJSON{Since: timeOrNull(s.Paused.Since), Seconds: math.Round(s.Paused.Seconds*1000) / 1000, LeaderStopped: s.Paused.Stopped}
+}
+
+// failedStatusJSON is a FAILED status: since when; the reason is last_error.
+type failedStatusJSON struct {
+	Since   *time.Time `json:"since"`
+	Seconds float64    `json:"seconds"`
+}
+
+func failedOf(s checkpoint.RelayStatus) *failedStatusJSON {
+	if s.Failed == nil {
+		return nil
+	}
+	return &failedStatusJSON{Since: timeOrNull(s.Failed.Since), Seconds: math.Round(s.Failed.Seconds*1000) / 1000}
+}
+
+func failedText(f *failedStatusJSON) string {
+	if f == nil {
+		return ""
+	}
+	since := "?"
+	if f.Since != nil {
+		since = utcText(*f.Since)
+	}
+	return fmt.Sprintf(" since %s (%s ago; the leader stopped on the last error below, which a restart does not cure)",
+		since, time.Duration(f.Seconds*float64(time.Second)).Round(time.Second))
 }
 
 func pausedText(p *pausedJSON) string {
@@ -249,7 +275,7 @@ func readStatus(ctx context.Context, db *sql.DB, r *readFlags) ([]statusJSON, er
 	retention, retErr := metrics.ReadBinlogRetention(ctx, db)
 	list := make([]statusJSON, 0, len(rows))
 	for _, s := range rows {
-		j := statusJSON{RelayName: s.RelayName, Status: s.Status, Paused: pausedOf(s), Mode: s.Mode, ModeReason: orNull(s.ModeReason),
+		j := statusJSON{RelayName: s.RelayName, Status: s.Status, Paused: pausedOf(s), Failed: failedOf(s), Mode: s.Mode, ModeReason: orNull(s.ModeReason),
 			Epoch: s.Epoch, Leader: leaderOf(s), Standbys: standbysOf(s, instances), Checkpoint: checkpointOf(s),
 			PendingRows: backlog.PendingRows, OldestPendingAgeSeconds: backlog.OldestPendingAgeSeconds,
 			FailedRows: backlog.FailedRows, ErrorCount: s.ErrorCount, LastError: orNull(s.LastError),
@@ -279,7 +305,7 @@ func printStatus(w io.Writer, list []statusJSON) error {
 			fmt.Fprintln(tw)
 		}
 		fmt.Fprintf(tw, "relay\t%s\n", s.RelayName)
-		fmt.Fprintf(tw, "status\t%s%s\n", s.Status, pausedText(s.Paused))
+		fmt.Fprintf(tw, "status\t%s%s%s\n", s.Status, pausedText(s.Paused), failedText(s.Failed))
 		fmt.Fprintf(tw, "mode\t%s%s\n", s.Mode, paren(s.ModeReason))
 		fmt.Fprintf(tw, "epoch\t%d\n", s.Epoch)
 		fmt.Fprintf(tw, "leader\t%s\n", leaderText(s.Leader))

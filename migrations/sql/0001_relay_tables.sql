@@ -16,6 +16,7 @@ CREATE TABLE IF NOT EXISTS outbox_relay_progress (
     status           VARCHAR(16)     NOT NULL DEFAULT 'ACTIVE',
     paused_at        DATETIME(6)     NULL,
     paused_epoch     BIGINT          NULL,
+    failed_at        DATETIME(6)     NULL,
     epoch            BIGINT          NOT NULL DEFAULT 0,
     leader_instance  VARCHAR(255)    NULL,
     leader_since     DATETIME(6)     NULL,

@@ -1,0 +1,146 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/canal"
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// progressStatus is the progress row's status, whether failed_at is set, and
+// last_error.
+type progressStatus struct {
+	status    string
+	failedAt  bool
+	lastError string
+}
+
+func readProgressStatus(ctx context.Context, t *testing.T, db *sql.DB) progressStatus {
+	t.Helper()
+	var (
+		s        progressStatus
+		failedAt sql.NullString
+		lastErr  sql.NullString
+	)
+	if err := db.QueryRowContext(ctx, "SELECT status, failed_at, last_error FROM outbox_relay_progress WHERE relay_name = 'default'").
+		Scan(&s.status, &failedAt, &lastErr); err != nil {
+		t.Fatalf("read the progress row: %v", err)
+	}
+	s.failedAt, s.lastError = failedAt.Valid, lastErr.String
+	return s
+}
+
+// wantFailed checks that the progress row says FAILED since a time, with a
+// last error containing each of want.
+func wantFailed(ctx context.Context, t *testing.T, db *sql.DB, want ...string) {
+	t.Helper()
+	s := readProgressStatus(ctx, t, db)
+	if s.status != checkpoint.StatusFailed || !s.failedAt {
+		t.Fatalf("progress row: status %s, failed_at set %v; want FAILED with a time", s.status, s.failedAt)
+	}
+	for _, w := range want {
+		if !strings.Contains(s.lastError, w) {
+			t.Fatalf("progress row: last_error %q does not name %q", s.lastError, w)
+		}
+	}
+}
+
+// wantActive checks that the progress row is ACTIVE with no failed_at.
+func wantActive(ctx context.Context, t *testing.T, db *sql.DB) {
+	t.Helper()
+	if s := readProgressStatus(ctx, t, db); s.status != checkpoint.StatusActive || s.failedAt {
+		t.Fatalf("progress row: status %s, failed_at set %v; want ACTIVE without failed_at", s.status, s.failedAt)
+	}
+}
+
+// A relay in --mode binlog whose user lacks REPLICATION SLAVE stops at
+// start, and the progress row says FAILED with the missing grant, although
+// it never led. Once the grant is given, the next run's term delivers and
+// clears it; another refusal, then `resume`, clears it too.
+func TestStatusFailedOnGrantRefusalClearedByNextTermAndResume(t *testing.T) {
+	srv, db, b := privateSetup(t)
+	ctx := testenv.Context(t, 2*time.Minute)
+	root := srv.Root(t)
+	for _, q := range []string{
+		"CREATE USER 'relay'@'127.0.0.1' IDENTIFIED BY 'relay-secret'",
+		"GRANT ALL ON `" + db.Name + "`.* TO 'relay'@'127.0.0.1'",
+		"GRANT REPLICATION CLIENT ON *.* TO 'relay'@'127.0.0.1'",
+	} {
+		if _, err := root.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	cfg := Config{MySQLDSN: "relay:relay-secret@tcp(" + srv.Addr() + ")/" + db.Name, AMQPURL: b.URL,
+		DefaultExchange: b.Exchange, Mode: ModeBinlog, HeartbeatInterval: 500 * time.Millisecond}
+	refused := func() {
+		t.Helper()
+		rr := runRelay(t, cfg, nil)
+		select {
+		case <-rr.done:
+		case <-time.After(time.Minute):
+			t.Fatal("a --mode binlog relay without REPLICATION SLAVE kept running")
+		}
+		var cfgErr *ConfigError
+		if !errors.As(rr.err, &cfgErr) {
+			t.Fatalf("Run returned %v, want a *ConfigError", rr.err)
+		}
+		rr.err = nil
+		wantFailed(ctx, t, db.SQL, canal.CheckReplSlave)
+	}
+	refused()
+
+	if _, err := root.ExecContext(ctx, "GRANT REPLICATION SLAVE ON *.* TO 'relay'@'127.0.0.1'"); err != nil {
+		t.Fatal(err)
+	}
+	rr := runRelay(t, cfg, nil)
+	waitFor(ctx, t, rr, "tailing", rr.r.Tailing)
+	wantActive(ctx, t, db.SQL)
+	if err := rr.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := root.ExecContext(ctx, "REVOKE REPLICATION SLAVE ON *.* FROM 'relay'@'127.0.0.1'"); err != nil {
+		t.Fatal(err)
+	}
+	refused()
+	if was, err := checkpoint.Resume(ctx, db.SQL, "default"); err != nil || was != checkpoint.StatusFailed {
+		t.Fatalf("resume: was %q, %v; want FAILED", was, err)
+	}
+	wantActive(ctx, t, db.SQL)
+}
+
+// DDL on the outbox while the relay tails it (a required column renamed)
+// stops binlog mode with a *canal.SchemaError; the leader marks the
+// progress row FAILED naming the column before it exits.
+func TestStatusFailedOnSchemaMismatch(t *testing.T) {
+	_, db, b := privateSetup(t)
+	ctx := testenv.Context(t, 2*time.Minute)
+	rr := runRelay(t, Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, Mode: ModeBinlog,
+		HeartbeatInterval: 500 * time.Millisecond}, nil)
+	waitFor(ctx, t, rr, "tailing", rr.r.Tailing)
+	for _, q := range []string{
+		"ALTER TABLE outbox RENAME COLUMN routing_key TO rk",
+		"INSERT INTO outbox (message_id, rk, payload) VALUES (UNHEX('aa'), 'k', 'p')",
+	} {
+		if _, err := db.SQL.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	select {
+	case <-rr.done:
+	case <-time.After(time.Minute):
+		t.Fatal("the relay kept running after the outbox lost its routing_key column")
+	}
+	var se *canal.SchemaError
+	if !errors.As(rr.err, &se) {
+		t.Fatalf("Run returned %v, want a *canal.SchemaError", rr.err)
+	}
+	rr.err = nil
+	wantFailed(ctx, t, db.SQL, "routing_key")
+}

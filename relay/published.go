@@ -1,0 +1,217 @@
+package relay
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
+)
+
+// recentLimit bounds the message ids publishedLog keeps, with their
+// transaction's GTID, to name what a lossy failover lost: 16 bytes each.
+const recentLimit = 4096
+
+// publishedLog is what this process has published, for the lossy-failover
+// check (docs/operations.md, "Failover"). It holds:
+//
+//   - the union of the GTIDs of every transaction of which at least one
+//     message was handed to the broker, confirmed or not, and of every
+//     position acknowledged (foreign transactions included): the newest
+//     published position, kept across reconnects and leader terms;
+//   - the message ids of the latest such transactions (at most recentLimit),
+//     each with its transaction's GTID and how many of its messages were
+//     sent, to say what a lossy failover lost.
+//
+// The lanes call sent for every message before publishing it: a map lookup
+// and an append under a mutex, no I/O. GTIDs are folded into the set later,
+// by whoever asks for the position (the acker, for the state file; the
+// check). All methods are safe for concurrent use.
+type publishedLog struct {
+	mu       sync.Mutex
+	flavor   string
+	set      *position.GTIDs // nil until something is known
+	from     string          // where the set's content came from, for the refusal
+	unfolded []string        // GTIDs sent since the last fold
+	changed  bool            // the position moved since the last take
+
+	txns       map[string]*sentTxn // the transactions in recent, by GTID
+	recent     []*sentTxn          // oldest first
+	recentRows int                 // message ids held in recent
+}
+
+// sentTxn is one transaction of which messages were sent.
+type sentTxn struct {
+	gtid string
+	sent int                // messages handed to the broker
+	mids []outbox.MessageID // the first recentLimit of them
+}
+
+// sent records that rec's message is about to be handed to the broker. A
+// record read without a GTID (polled, or a server without GTIDs) is not
+// tracked.
+func (l *publishedLog) sent(rec *outbox.Record) {
+	if rec.GTID == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tx := l.txns[rec.GTID]
+	if tx == nil {
+		if l.txns == nil {
+			l.txns = map[string]*sentTxn{}
+		}
+		tx = &sentTxn{gtid: rec.GTID}
+		l.txns[rec.GTID] = tx
+		l.recent = append(l.recent, tx)
+		l.unfolded = append(l.unfolded, rec.GTID)
+		l.changed = true
+	}
+	tx.sent++
+	if len(tx.mids) < recentLimit {
+		tx.mids = append(tx.mids, rec.MessageID)
+		l.recentRows++
+	}
+	for l.recentRows > recentLimit && len(l.recent) > 1 {
+		old := l.recent[0]
+		l.recentRows -= len(old.mids)
+		delete(l.txns, old.gtid)
+		l.recent[0] = nil
+		l.recent = l.recent[1:]
+	}
+}
+
+// startTerm fixes the flavor of the GTIDs a term reads. A different flavor
+// than the log's (another kind of server behind the same address) starts the
+// log over: its GTIDs cannot be compared.
+func (l *publishedLog) startTerm(flavor string) {
+	if flavor == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.flavor != "" && l.flavor != flavor {
+		l.resetLocked()
+	}
+	l.flavor = flavor
+}
+
+// acked folds an acknowledged position into the set.
+func (l *publishedLog) acked(p position.Position) error {
+	if p.GTIDSet == "" {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.flavor == "" {
+		l.flavor = p.Flavor
+	}
+	return l.addLocked(p.GTIDSet, "published by this process")
+}
+
+// load starts the log from a position read elsewhere (the state file).
+func (l *publishedLog) load(p position.Position, from string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.resetLocked()
+	l.flavor = p.Flavor
+	if err := l.addLocked(p.GTIDSet, from); err != nil {
+		return err
+	}
+	l.changed = false // it is what the file holds
+	return nil
+}
+
+// addLocked folds a GTID set into the set; from names the source when the
+// set was empty.
+func (l *publishedLog) addLocked(gtids, from string) error {
+	if l.set == nil {
+		set, err := position.NewGTIDs(l.flavor, gtids)
+		if err != nil {
+			return fmt.Errorf("published position %q: %w", gtids, err)
+		}
+		l.set, l.from, l.changed = set, from, true
+		return nil
+	}
+	if err := l.set.Passed(position.Position{Flavor: l.flavor, GTIDSet: gtids}); err != nil {
+		return fmt.Errorf("published position %q: %w", gtids, err)
+	}
+	l.changed = true
+	l.from = from
+	return nil
+}
+
+// foldLocked moves the GTIDs sent since the last fold into the set.
+func (l *publishedLog) foldLocked() error {
+	if len(l.unfolded) == 0 || l.flavor == "" {
+		return nil
+	}
+	for _, g := range l.unfolded {
+		if err := l.addLocked(g, "published by this process"); err != nil {
+			return err
+		}
+	}
+	l.unfolded = l.unfolded[:0]
+	return nil
+}
+
+// newest returns the newest published position (zero when nothing is known)
+// and where it came from.
+func (l *publishedLog) newest() (position.Position, string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.foldLocked(); err != nil {
+		return position.Position{}, "", err
+	}
+	if l.set == nil {
+		return position.Position{}, "", nil
+	}
+	return position.Position{Flavor: l.flavor, GTIDSet: l.set.State()}, l.from, nil
+}
+
+// take returns the newest published position when it moved since the last
+// take (ok), for the state file.
+func (l *publishedLog) take() (p position.Position, ok bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.foldLocked(); err != nil {
+		return position.Position{}, false, err
+	}
+	if !l.changed || l.set == nil {
+		return position.Position{}, false, nil
+	}
+	l.changed = false
+	return position.Position{Flavor: l.flavor, GTIDSet: l.set.State()}, true, nil
+}
+
+// lostOn returns, of the remembered transactions, those a server whose
+// executed GTIDs are executed lacks: how many messages of theirs were sent
+// and the message ids remembered (possibly fewer).
+func (l *publishedLog) lostOn(executed string) (sent int, mids []outbox.MessageID, gtids []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, tx := range l.recent {
+		missing, err := position.Missing(l.flavor, executed, position.Position{Flavor: l.flavor, GTIDSet: tx.gtid})
+		if err != nil || missing == "" {
+			continue
+		}
+		sent += tx.sent
+		mids = append(mids, tx.mids...)
+		gtids = append(gtids, tx.gtid)
+	}
+	return sent, mids, gtids
+}
+
+// reset forgets everything: after a lossy failover accepted, the server's
+// own history is the reference.
+func (l *publishedLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.resetLocked()
+}
+
+func (l *publishedLog) resetLocked() {
+	l.set, l.from, l.changed = nil, "", false
+	l.unfolded = nil
+	l.txns, l.recent, l.recentRows = nil, nil, 0
+}
