@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"database/sql"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -232,5 +233,88 @@ func TestRetryConcurrentPartitioned(t *testing.T) {
 			t.Fatalf("retry of a pending message: %+v, %v", res, err)
 		}
 		exec(t, db, "DELETE FROM outbox_failed")
+	}
+}
+
+// outboxMessage is an outbox row's message id and payload.
+type outboxMessage struct {
+	id      outbox.MessageID
+	payload string
+}
+
+func (m outboxMessage) String() string { return m.id.String() + " " + strconv.Quote(m.payload) }
+
+// outboxMessages returns the outbox's rows in id order.
+func outboxMessages(t *testing.T, db *sql.DB) []outboxMessage {
+	t.Helper()
+	rows, err := db.Query("SELECT message_id, payload FROM outbox ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []outboxMessage
+	for rows.Next() {
+		var m outboxMessage
+		var raw []byte
+		if err := rows.Scan(&raw, &m.payload); err != nil {
+			t.Fatal(err)
+		}
+		copy(m.id[:], raw)
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// isV7 reports whether id is a UUID of version 7 (RFC 9562 variant).
+func isV7(id outbox.MessageID) bool { return id[6]>>4 == 7 && id[8]>>6 == 2 }
+
+// Three inbox failures whose message ids were not UUIDs (a, b and c: the
+// inbox stores each with the zero message id) are three messages: retry
+// --all puts all three back, each under a new UUIDv7 of its own, in the
+// order they failed, and outbox_failed ends empty.
+func TestRetryAllFailuresWithoutUUID(t *testing.T) {
+	db, ctx := setup(t, false)
+	for i, p := range []string{"a", "b", "c"} {
+		insertFailed(t, db, failedRow{outboxID: uint64(i + 1), key: "k", rk: "rk", payload: []byte("payload of " + p),
+			source: "inbox", failedAgo: time.Duration(3-i) * time.Hour})
+	}
+	res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{All: true})
+	got := outboxMessages(t, db)
+	if err != nil || len(res.Retried) != 3 || len(got) != 3 {
+		t.Fatalf("retry --all: %+v, %v; outbox %v; want 3 messages retried", res, err, got)
+	}
+	seen := map[outbox.MessageID]bool{}
+	for i, p := range []string{"a", "b", "c"} {
+		g := got[i]
+		if g.payload != "payload of "+p || !isV7(g.id) || seen[g.id] || res.Retried[i].MessageID != g.id {
+			t.Fatalf("outbox row %d: %s %q, retried %+v; want payload of %s under a new UUIDv7 of its own", i, g.id, g.payload, res.Retried[i], p)
+		}
+		seen[g.id] = true
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM outbox_failed"); n != 0 {
+		t.Fatalf("%d rows left in outbox_failed", n)
+	}
+}
+
+// Two failures under one UUID that differ (a producer gave two messages one
+// id on a partitioned outbox, whose message_id is not unique) are not
+// copies of one message: a retry by that id could put back only one of
+// them, so it refuses and changes nothing.
+func TestRetryRefusesDifferingFailuresOfOneID(t *testing.T) {
+	db, ctx := setup(t, true)
+	m := newID(t)
+	insertFailed(t, db, failedRow{outboxID: 1, id: m, key: "k", rk: "rk", payload: []byte("first"), failedAgo: 2 * time.Hour})
+	insertFailed(t, db, failedRow{outboxID: 2, id: m, key: "k", rk: "rk", payload: []byte("second"), failedAgo: time.Hour})
+	for _, o := range []maintenance.RetryOptions{{IDs: []outbox.MessageID{m}}, {All: true}} {
+		res, err := maintenance.Retry(ctx, db, o)
+		if !maintenance.IsRefused(err) || len(res.Retried) != 0 || len(res.Skipped) != 1 {
+			t.Fatalf("retry %+v: %+v, %v; want a refusal", o, res, err)
+		}
+		if n := count(t, db, "SELECT COUNT(*) FROM outbox"); n != 0 || count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 2 {
+			t.Fatalf("retry %+v changed the tables: outbox %v", o, outboxMessages(t, db))
+		}
 	}
 }

@@ -4,8 +4,11 @@ package main
 // of a retried message going through a real relay to a real broker.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/validator"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // opsDB is a migrated database for an operator command test.
@@ -349,4 +354,163 @@ func TestCLIFailedRowsSameInBothModes(t *testing.T) {
 	if !strings.Contains(reasons["poll"][1], "exchange not found") {
 		t.Errorf("reason for a missing exchange: %q", reasons["poll"][1])
 	}
+}
+
+// uuidRE finds message ids in the commands' output.
+var uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// publishRaw publishes messages with the given AMQP message ids straight to
+// the broker, as a producer that does not use the outbox might.
+func publishRaw(ctx context.Context, t *testing.T, b *testenv.Broker, key string, ids ...string) {
+	t.Helper()
+	conn, err := amqp.Dial(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if err := ch.PublishWithContext(ctx, b.Exchange, "order.paid", false, false, amqp.Publishing{
+			MessageId: id, Type: "order.paid", ContentType: "application/json", DeliveryMode: amqp.Persistent,
+			Headers: amqp.Table{"x-partition-key": key, "tenant": "t1"}, Body: []byte(`{"payload of":"` + id + `"}`),
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitCount waits until query returns n.
+func waitCount(ctx context.Context, t *testing.T, db *testenv.DB, n int, query string) {
+	t.Helper()
+	for opsCount(t, db, query) != n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: %d, waited for %d: %v", query, opsCount(t, db, query), n, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Three messages whose AMQP message ids are a, b and c (not UUIDs) reach an
+// inbox consumer, which moves them to outbox_failed (message id zeros).
+// `failed retry --all` puts all three back, each under a new UUIDv7 it
+// prints; the relay publishes them with their payloads, headers and
+// partition key, in the order they failed, and the inbox processes each one:
+// none is lost, none is taken for a duplicate of another.
+func TestCLIFailedRetryWithoutUUID(t *testing.T) {
+	ctx := testenv.Context(t, 2*time.Minute)
+	db := opsDB(t)
+	b := testenv.RabbitMQ(t)
+	inbox := startInboxEffects(ctx, t, db, b, b.Queue)
+	for i, id := range []string{"a", "b", "c"} {
+		publishRaw(ctx, t, b, "order-1", id)
+		waitCount(ctx, t, db, i+1, "SELECT COUNT(*) FROM outbox_failed") // one at a time: the order they failed in
+	}
+	v := validator.New()
+	stop, err := validator.Consume(ctx, b.URL, b.DeclareQueue(t, "order.#"), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+
+	r := ops(t, db, "failed", "retry", "--all")
+	printed := uuidRE.FindAllString(r.stdout, -1)
+	got := outboxPayloads(t, db)
+	if r.code != 0 || len(printed) != 3 || len(got) != 3 {
+		t.Fatalf("failed retry --all: %+v\noutbox: %v\nwant three messages retried under three new ids", r, got)
+	}
+	var want []validator.Expected
+	for i, id := range []string{"a", "b", "c"} {
+		mid, err := outbox.ParseMessageID(printed[i])
+		if err != nil || uuid.UUID(mid).Version() != 7 || got[i] != [2]string{printed[i], `{"payload of":"` + id + `"}`} {
+			t.Fatalf("outbox row %d: %v, printed id %s; want message %s under a new UUIDv7\n%s", i, got[i], printed[i], id, r.stdout)
+		}
+		want = append(want, validator.Expected{ID: mid, PartitionKey: "order-1", Exchange: b.Exchange, RoutingKey: "order.paid",
+			MessageType: "order.paid", ContentType: "application/json", Payload: []byte(got[i][1]), Headers: map[string]any{"tenant": "t1"}})
+	}
+	if printed[0] == printed[1] || printed[1] == printed[2] || printed[0] == printed[2] {
+		t.Fatalf("the retried messages share an id: %v", printed)
+	}
+	if r := ops(t, db, "failed", "list"); r.code != 0 || !strings.Contains(r.stdout, "no failed messages") {
+		t.Fatalf("failed list after the retry: %+v", r)
+	}
+	v.Expect(want...)
+
+	relay := newRelayProc(t, relayArgs(db, b, "--mode", "poll")...)
+	relay.start()
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for inbox.c.Stats().Processed < 3 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the inbox processed %d of the 3 retried messages: %+v", inbox.c.Stats().Processed, inbox.c.Stats())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if code, _ := relay.terminate(30 * time.Second); code != 0 {
+		t.Fatalf("relay exit code %d", code)
+	}
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	if effects := inboxEffectIDs(t, db); !slices.Equal(effects, sorted(printed)) {
+		t.Fatalf("the inbox ran its handler for %v, want once for each of %v", effects, printed)
+	}
+}
+
+// outboxPayloads returns the outbox's rows in id order: message id, payload.
+func outboxPayloads(t *testing.T, db *testenv.DB) [][2]string {
+	t.Helper()
+	rows, err := db.SQL.Query("SELECT message_id, payload FROM outbox ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out [][2]string
+	for rows.Next() {
+		var raw, payload []byte
+		if err := rows.Scan(&raw, &payload); err != nil {
+			t.Fatal(err)
+		}
+		var id outbox.MessageID
+		copy(id[:], raw)
+		out = append(out, [2]string{id.String(), string(payload)})
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// inboxEffectIDs returns the message ids the inbox consumer's handler ran
+// for (startInboxEffects), sorted.
+func inboxEffectIDs(t *testing.T, db *testenv.DB) []string {
+	t.Helper()
+	rows, err := db.SQL.Query("SELECT message_id FROM inbox_effects ORDER BY message_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
