@@ -11,7 +11,8 @@ import (
 )
 
 // Failed is one row of outbox_failed: a message the relay or an inbox
-// consumer gave up on.
+// consumer gave up on. MessageID is zero when the message's id was not a
+// UUID (the inbox records such messages so): RowID is then its only name.
 type Failed struct {
 	RowID        uint64 // outbox_failed.id
 	OutboxID     uint64 // the outbox row's id when it failed
@@ -81,8 +82,12 @@ func ListFailed(ctx context.Context, db *sql.DB, o ListOptions) ([]Failed, int64
 
 // ShowFailed returns every failed row of one message (a message may have
 // failed more than once, or in the relay and in an inbox), oldest first,
-// with payloads. None is a *RefusedError.
+// with payloads. None is a *RefusedError, and so is the zero id: it stands
+// for message ids that were not UUIDs, whose failures ShowFailedRow shows.
 func ShowFailed(ctx context.Context, db *sql.DB, id outbox.MessageID) ([]Failed, error) {
+	if id == (outbox.MessageID{}) {
+		return nil, errZeroID()
+	}
 	list, err := queryFailed(ctx, db, "SELECT "+failedColumns+", payload FROM "+FailedTable+
 		" WHERE message_id = ? ORDER BY failed_at, id", true, id[:])
 	if err != nil {
@@ -92,6 +97,19 @@ func ShowFailed(ctx context.Context, db *sql.DB, id outbox.MessageID) ([]Failed,
 		return nil, refused("message %s is not in %s", id, FailedTable)
 	}
 	return list, nil
+}
+
+// ShowFailedRow returns one failed row, by its id (outbox_failed.id), with
+// its payload. A row that is not there is a *RefusedError.
+func ShowFailedRow(ctx context.Context, db *sql.DB, rowID uint64) (Failed, error) {
+	list, err := queryFailed(ctx, db, "SELECT "+failedColumns+", payload FROM "+FailedTable+" WHERE id = ?", true, rowID)
+	if err != nil {
+		return Failed{}, fmt.Errorf("read failed row %d: %w", rowID, err)
+	}
+	if len(list) == 0 {
+		return Failed{}, refused("row %d is not in %s (retried or purged, or never there)", rowID, FailedTable)
+	}
+	return list[0], nil
 }
 
 func queryFailed(ctx context.Context, db *sql.DB, query string, withPayload bool, args ...any) ([]Failed, error) {

@@ -3,6 +3,7 @@ package maintenance_test
 import (
 	"bytes"
 	"database/sql"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -98,8 +99,9 @@ func readOutbox(t *testing.T, db *sql.DB, id outbox.MessageID) []outboxRow {
 // A retried message goes back into the outbox with its message id and
 // every column it was enqueued with (binary payload, headers, type, content
 // type), pending, available at once, with no attempts; its failed rows (it
-// failed twice) are gone. It gets a new id: after the rows of its partition
-// key already in the outbox, before the ones enqueued after the retry.
+// failed twice: copies of one message) are gone. It gets a new id: after
+// the rows of its partition key already in the outbox, before the ones
+// enqueued after the retry.
 func TestRetryKeepsMessageAndLandsAfterEarlierRowsOfItsKey(t *testing.T) {
 	db, ctx := setup(t, false)
 	a1 := insertRow(t, db, "order-1", time.Minute, -1)
@@ -107,9 +109,11 @@ func TestRetryKeepsMessageAndLandsAfterEarlierRowsOfItsKey(t *testing.T) {
 	m := newID(t)
 	payload := []byte{0, 1, 2, 0xff, 'x', 0}
 	f := failedRow{outboxID: a1 - 1, id: m, key: "order-1", exchange: "orders", rk: "order.paid", mt: "order.paid",
-		headers: `{"tenant": "t1", "n": 3}`, payload: payload, contentType: "application/octet-stream", failedAgo: 2 * time.Hour}
+		headers: `{"n":3,"tenant":"t1"}`, payload: payload, contentType: "application/octet-stream", source: "inbox", failedAgo: 2 * time.Hour}
 	insertFailed(t, db, f)
-	f.failedAgo = time.Hour
+	// The same message failing again (the inbox wrote its headers in
+	// another form): a copy.
+	f.failedAgo, f.headers, f.source = time.Hour, `{"tenant": "t1", "n": 3}`, "relay"
 	insertFailed(t, db, f)
 
 	res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{IDs: []outbox.MessageID{m}})
@@ -117,7 +121,7 @@ func TestRetryKeepsMessageAndLandsAfterEarlierRowsOfItsKey(t *testing.T) {
 		t.Fatalf("retry: %+v, %v", res, err)
 	}
 	r := res.Retried[0]
-	if r.MessageID != m || r.FailedRows != 2 || r.ReplacedDelivered || r.NewID <= a2 {
+	if r.MessageID != m || len(r.RowIDs) != 2 || r.ReplacedDelivered || r.NewID <= a2 {
 		t.Fatalf("retried %+v; want message %s, 2 failed rows, a new id after %d", r, m, a2)
 	}
 	got := readOutbox(t, db, m)
@@ -289,7 +293,7 @@ func TestRetryAllFailuresWithoutUUID(t *testing.T) {
 	seen := map[outbox.MessageID]bool{}
 	for i, p := range []string{"a", "b", "c"} {
 		g := got[i]
-		if g.payload != "payload of "+p || !isV7(g.id) || seen[g.id] || res.Retried[i].MessageID != g.id {
+		if r := res.Retried[i]; g.payload != "payload of "+p || !isV7(g.id) || seen[g.id] || r.MessageID != g.id || !r.NewMessageID || len(r.RowIDs) != 1 {
 			t.Fatalf("outbox row %d: %s %q, retried %+v; want payload of %s under a new UUIDv7 of its own", i, g.id, g.payload, res.Retried[i], p)
 		}
 		seen[g.id] = true
@@ -316,5 +320,93 @@ func TestRetryRefusesDifferingFailuresOfOneID(t *testing.T) {
 		if n := count(t, db, "SELECT COUNT(*) FROM outbox"); n != 0 || count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 2 {
 			t.Fatalf("retry %+v changed the tables: outbox %v", o, outboxMessages(t, db))
 		}
+	}
+}
+
+// failedRowID returns the id of the outbox_failed row holding payload.
+func failedRowID(t *testing.T, db *sql.DB, payload string) uint64 {
+	t.Helper()
+	var id uint64
+	if err := db.QueryRow("SELECT id FROM outbox_failed WHERE payload = ?", payload).Scan(&id); err != nil {
+		t.Fatalf("failed row of %q: %v", payload, err)
+	}
+	return id
+}
+
+// A row id names one failure: a failure without a UUID goes back under a
+// new UUIDv7 (none in a dry run), the others stay; one copy of a message
+// that failed twice goes back and the other copy stays; of two messages
+// under one id, the one named goes back under that id. The zero message id
+// and a row id that is not there are refused and change nothing.
+func TestRetryByRowID(t *testing.T) {
+	db, ctx := setup(t, true)
+	for _, p := range []string{"x", "y"} {
+		insertFailed(t, db, failedRow{rk: "rk", payload: []byte(p), source: "inbox"})
+	}
+	twice, clash := newID(t), newID(t)
+	insertFailed(t, db, failedRow{outboxID: 5, id: twice, rk: "rk", payload: []byte("twice"), failedAgo: time.Hour})
+	insertFailed(t, db, failedRow{outboxID: 5, id: twice, rk: "rk", payload: []byte("twice"), source: "inbox"})
+	insertFailed(t, db, failedRow{outboxID: 6, id: clash, rk: "rk", payload: []byte("one")})
+	insertFailed(t, db, failedRow{outboxID: 7, id: clash, rk: "rk", payload: []byte("other")})
+	x, y, other := failedRowID(t, db, "x"), failedRowID(t, db, "y"), failedRowID(t, db, "other")
+
+	unchanged := func(what string) {
+		t.Helper()
+		if n := count(t, db, "SELECT COUNT(*) FROM outbox"); n != 0 || count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 6 {
+			t.Fatalf("%s changed the tables: outbox %v", what, outboxMessages(t, db))
+		}
+	}
+	for _, o := range []maintenance.RetryOptions{
+		{IDs: []outbox.MessageID{{}}},
+		{RowIDs: []uint64{x, 1 << 40}},
+		{IDs: []outbox.MessageID{clash}, RowIDs: []uint64{x}}, // the failures of clash differ
+	} {
+		if res, err := maintenance.Retry(ctx, db, o); !maintenance.IsRefused(err) || len(res.Retried) != 0 {
+			t.Fatalf("retry %+v: %+v, %v; want a refusal", o, res, err)
+		}
+		unchanged(fmt.Sprintf("a refused retry %+v", o))
+	}
+	if _, err := maintenance.ShowFailed(ctx, db, outbox.MessageID{}); !maintenance.IsRefused(err) {
+		t.Fatalf("show of the zero id: %v; want a refusal", err)
+	}
+	if f, err := maintenance.ShowFailedRow(ctx, db, x); err != nil || string(f.Payload) != "x" || f.MessageID != (outbox.MessageID{}) {
+		t.Fatalf("show row %d: %+v, %v", x, f, err)
+	}
+	res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{RowIDs: []uint64{x}, DryRun: true})
+	if err != nil || len(res.Retried) != 1 || !res.Retried[0].NewMessageID || res.Retried[0].MessageID != (outbox.MessageID{}) {
+		t.Fatalf("dry run: %+v, %v", res, err)
+	}
+	unchanged("the dry run")
+
+	var copyRow uint64 // the older copy of twice
+	if err := db.QueryRow("SELECT MIN(id) FROM outbox_failed WHERE message_id = ?", twice[:]).Scan(&copyRow); err != nil {
+		t.Fatal(err)
+	}
+	res, err = maintenance.Retry(ctx, db, maintenance.RetryOptions{RowIDs: []uint64{x, copyRow, other}})
+	if err != nil || len(res.Retried) != 3 {
+		t.Fatalf("retry rows %d, %d and %d: %+v, %v", x, copyRow, other, res, err)
+	}
+	got := map[string]outbox.MessageID{}
+	for _, m := range outboxMessages(t, db) {
+		got[m.payload] = m.id
+	}
+	if len(got) != 3 || !isV7(got["x"]) || got["x"] != res.Retried[0].MessageID || got["twice"] != twice || got["other"] != clash {
+		t.Fatalf("outbox %v, retried %+v; want x under a new UUIDv7, twice and other under their ids", outboxMessages(t, db), res.Retried)
+	}
+	var left []string
+	rows, err := db.Query("SELECT payload FROM outbox_failed ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, p)
+	}
+	if !slices.Equal(left, []string{"y", "twice", "one"}) || count(t, db, "SELECT COUNT(*) FROM outbox_failed WHERE id = ?", y) != 1 {
+		t.Fatalf("outbox_failed holds %q; want y, the other copy of twice and one", left)
 	}
 }

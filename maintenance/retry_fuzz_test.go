@@ -38,7 +38,7 @@ func TestRetryAndPurgeConserveMessages(t *testing.T) {
 	t.Logf("seed %d (OUTBOX_TEST_SEED=%d repeats this run), partitioned outbox: %v", seed, seed, partitioned)
 	db, ctx := setup(t, partitioned)
 	f := &fuzz{t: t, ctx: ctx, db: db, rng: rng, msgs: map[string]*fuzzMsg{},
-		delivered: map[string]bool{}, purged: map[string]bool{}, newIDs: map[string]outbox.MessageID{}}
+		delivered: map[string]bool{}, purged: map[string]bool{}, newIDs: map[string]outbox.MessageID{}, tally: map[string]int{}}
 	for round := range 4 {
 		f.addFailures(8 + rng.IntN(8))
 		f.check("after new failures")
@@ -67,7 +67,8 @@ func TestRetryAndPurgeConserveMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.check("final retry --all")
-	t.Logf("%d messages, %d steps; final retry --all: %d retried, %d skipped", len(f.msgs), len(f.steps), len(res.Retried), len(res.Skipped))
+	t.Logf("%d messages, %d steps; final retry --all: %d retried, %d skipped; along the way: %v",
+		len(f.msgs), len(f.steps), len(res.Retried), len(res.Skipped), f.tally)
 }
 
 // fuzzMsg is one message of the fuzz test: its payload is its identity in
@@ -89,6 +90,7 @@ type fuzz struct {
 	newIDs    map[string]outbox.MessageID // payload → the id a retry gave a message without a UUID
 	steps     []string
 	next      int
+	tally     map[string]int // what the steps did, for the log
 }
 
 // fuzzRow is a row of outbox_failed or of the outbox.
@@ -218,22 +220,31 @@ func cmpUint(a, b uint64) int {
 	return 0
 }
 
-// retryIDs retries 1 to 3 random failed messages by their message ids.
+// retryIDs retries one or two random failures, each named by its message id
+// or its row id (a failure without a UUID: by row id; now and then by the
+// zero id, which is refused).
 func (f *fuzz) retryIDs(before fuzzTables) string {
-	var ids []outbox.MessageID
-	for _, r := range sortedRows(before.failed) {
-		if r.messageID != (outbox.MessageID{}) && f.rng.IntN(len(before.failed)) < 2 {
+	var (
+		ids    []outbox.MessageID
+		rowIDs []uint64
+	)
+	picked := sortedRows(before.failed)
+	f.rng.Shuffle(len(picked), func(i, j int) { picked[i], picked[j] = picked[j], picked[i] })
+	for _, r := range picked[:min(len(picked), 1+f.rng.IntN(2))] {
+		switch {
+		case r.messageID == (outbox.MessageID{}) && f.rng.IntN(20) == 0:
+			ids = append(ids, r.messageID)
+		case r.messageID == (outbox.MessageID{}) || f.rng.IntN(2) == 0:
+			rowIDs = append(rowIDs, r.id)
+		default:
 			ids = append(ids, r.messageID)
 		}
 	}
-	if len(ids) == 0 {
+	if len(ids)+len(rowIDs) == 0 {
 		return "retry by id: nothing picked"
 	}
-	if len(ids) > 3 {
-		ids = ids[:3]
-	}
-	res, err := maintenance.Retry(f.ctx, f.db, maintenance.RetryOptions{IDs: ids})
-	step := fmt.Sprintf("retry %v: %d retried, %v", ids, len(res.Retried), err)
+	res, err := maintenance.Retry(f.ctx, f.db, maintenance.RetryOptions{IDs: ids, RowIDs: rowIDs})
+	step := fmt.Sprintf("retry %v rows %v: %d retried, %v", ids, rowIDs, len(res.Retried), err)
 	switch {
 	case maintenance.IsRefused(err):
 		if after := f.read(); !sameTables(before, after) {
@@ -244,7 +255,25 @@ func (f *fuzz) retryIDs(before fuzzTables) string {
 	default:
 		f.checkRetried(step, before, res)
 	}
+	f.count("retry by id", res, err)
 	return step
+}
+
+// count tallies a retry's outcome.
+func (f *fuzz) count(kind string, res maintenance.RetryResult, err error) {
+	if maintenance.IsRefused(err) {
+		f.tally[kind+": refused"]++
+	}
+	for _, r := range res.Retried {
+		switch {
+		case r.NewMessageID:
+			f.tally[kind+": retried without a UUID"]++
+		case len(r.RowIDs) > 1:
+			f.tally[kind+": retried with copies"]++
+		default:
+			f.tally[kind+": retried"]++
+		}
+	}
 }
 
 func (f *fuzz) retryAll() string {
@@ -256,13 +285,15 @@ func (f *fuzz) retryAll() string {
 		f.t.Fatalf("%s", step)
 	}
 	f.checkRetried(step, before, res)
+	f.count("retry --all", res, err)
 	return step
 }
 
 // checkRetried: every failed row a retry deleted went back into the outbox
-// (its payload is pending there now); every outbox row it deleted was a
-// copy marked delivered; every message it reports is pending under the
-// reported id.
+// (its payload is pending there now) and is one the retry reports; every
+// outbox row it deleted was a copy marked delivered; every message it
+// reports is pending under the reported id, a new one exactly when its
+// failure had no UUID.
 func (f *fuzz) checkRetried(step string, before fuzzTables, res maintenance.RetryResult) {
 	f.t.Helper()
 	after := f.read()
@@ -282,10 +313,24 @@ func (f *fuzz) checkRetried(step string, before fuzzTables, res maintenance.Retr
 			f.t.Fatalf("%s: pending outbox row %d (%q) deleted\nsteps:\n%s", step, id, r.payload, f.history())
 		}
 	}
+	reported := map[uint64]bool{}
 	for _, r := range res.Retried {
 		got, ok := after.outbox[r.NewID]
 		if !ok || got.messageID != r.MessageID || got.delivered {
 			f.t.Fatalf("%s: retried %+v, but outbox row %d is %+v\nsteps:\n%s", step, r, r.NewID, got, f.history())
+		}
+		for _, id := range r.RowIDs {
+			was, ok := before.failed[id]
+			_, kept := after.failed[id]
+			if !ok || kept || was.payload != got.payload || (was.messageID == (outbox.MessageID{})) != r.NewMessageID {
+				f.t.Fatalf("%s: retried %+v: failed row %d was %+v (kept %v), put back as %+v\nsteps:\n%s", step, r, id, was, kept, got, f.history())
+			}
+			reported[id] = true
+		}
+	}
+	for id := range before.failed {
+		if _, kept := after.failed[id]; !kept && !reported[id] {
+			f.t.Fatalf("%s: failed row %d deleted, and the retry does not report it\nsteps:\n%s", step, id, f.history())
 		}
 	}
 }
@@ -314,6 +359,7 @@ func (f *fuzz) purgeAge(before fuzzTables) string {
 		f.t.Fatalf("%s: want %d rows purged and the outbox untouched\nsteps:\n%s", step, want, f.history())
 	}
 	f.markPurged(after)
+	f.tally["purged rows"] += int(res.Rows)
 	return step
 }
 
@@ -417,7 +463,9 @@ func (f *fuzz) history() string {
 	return s
 }
 
-func sameTables(a, b fuzzTables) bool { return sameRows(a.failed, b.failed) && sameRows(a.outbox, b.outbox) }
+func sameTables(a, b fuzzTables) bool {
+	return sameRows(a.failed, b.failed) && sameRows(a.outbox, b.outbox)
+}
 
 func sameRows(a, b map[uint64]fuzzRow) bool {
 	if len(a) != len(b) {

@@ -394,18 +394,22 @@ func waitCount(ctx context.Context, t *testing.T, db *testenv.DB, n int, query s
 	}
 }
 
-// Three messages whose AMQP message ids are a, b and c (not UUIDs) reach an
+// Messages whose AMQP message ids are a, b, c and d (not UUIDs) reach an
 // inbox consumer, which moves them to outbox_failed (message id zeros).
-// `failed retry --all` puts all three back, each under a new UUIDv7 it
-// prints; the relay publishes them with their payloads, headers and
-// partition key, in the order they failed, and the inbox processes each one:
-// none is lost, none is taken for a duplicate of another.
+// `failed list` names them by row id; `failed show` and `failed retry` take
+// the row id, and refuse the zero message id. d is retried by its row id,
+// then `failed retry --all` puts back the other three: each goes back under
+// a new UUIDv7 the command prints. The relay publishes them with their
+// payloads, headers and partition key, in the order they were retried, and
+// the inbox processes each one: none is lost, none is taken for a
+// duplicate of another.
 func TestCLIFailedRetryWithoutUUID(t *testing.T) {
 	ctx := testenv.Context(t, 2*time.Minute)
 	db := opsDB(t)
 	b := testenv.RabbitMQ(t)
 	inbox := startInboxEffects(ctx, t, db, b, b.Queue)
-	for i, id := range []string{"a", "b", "c"} {
+	payload := func(id string) string { return `{"payload of":"` + id + `"}` }
+	for i, id := range []string{"a", "b", "c", "d"} {
 		publishRaw(ctx, t, b, "order-1", id)
 		waitCount(ctx, t, db, i+1, "SELECT COUNT(*) FROM outbox_failed") // one at a time: the order they failed in
 	}
@@ -416,22 +420,53 @@ func TestCLIFailedRetryWithoutUUID(t *testing.T) {
 	}
 	t.Cleanup(stop)
 
-	r := ops(t, db, "failed", "retry", "--all")
-	printed := uuidRE.FindAllString(r.stdout, -1)
+	var list struct {
+		Messages []struct {
+			RowID     uint64  `json:"row_id"`
+			MessageID *string `json:"message_id"`
+		} `json:"messages"`
+	}
+	r := ops(t, db, "failed", "list", "--json")
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &list) != nil || len(list.Messages) != 4 {
+		t.Fatalf("failed list --json: %+v", r)
+	}
+	rowD := list.Messages[0].RowID // newest first
+	for _, m := range list.Messages {
+		if m.MessageID != nil || m.RowID == 0 {
+			t.Fatalf("failed list --json: %s; want row ids and a null message id", r.stdout)
+		}
+	}
+	if r := ops(t, db, "failed", "list"); r.code != 0 || !strings.Contains(r.stdout, "ROW ID") || !strings.Contains(r.stdout, "(not a UUID)") {
+		t.Fatalf("failed list: %+v", r)
+	}
+	if r := ops(t, db, "failed", "show", "00000000-0000-0000-0000-000000000000"); r.code != 2 || !strings.Contains(r.stderr, "row id") {
+		t.Fatalf("failed show of the zero id: %+v; want exit 2 pointing at row ids", r)
+	}
+	if r := ops(t, db, "failed", "show", fmt.Sprint(rowD)); r.code != 0 || !strings.Contains(r.stdout, payload("d")) {
+		t.Fatalf("failed show %d: %+v", rowD, r)
+	}
+	r = ops(t, db, "failed", "retry", fmt.Sprint(rowD))
+	printedD := uuidRE.FindAllString(r.stdout, -1)
+	if r.code != 0 || len(printedD) != 1 {
+		t.Fatalf("failed retry %d: %+v; want the new message id printed", rowD, r)
+	}
+
+	r = ops(t, db, "failed", "retry", "--all")
+	printed := append(printedD, uuidRE.FindAllString(r.stdout, -1)...)
 	got := outboxPayloads(t, db)
-	if r.code != 0 || len(printed) != 3 || len(got) != 3 {
-		t.Fatalf("failed retry --all: %+v\noutbox: %v\nwant three messages retried under three new ids", r, got)
+	if r.code != 0 || len(printed) != 4 || len(got) != 4 {
+		t.Fatalf("failed retry --all: %+v\noutbox: %v\nwant a, b and c retried after d, four new ids in all", r, got)
 	}
 	var want []validator.Expected
-	for i, id := range []string{"a", "b", "c"} {
+	for i, id := range []string{"d", "a", "b", "c"} {
 		mid, err := outbox.ParseMessageID(printed[i])
-		if err != nil || uuid.UUID(mid).Version() != 7 || got[i] != [2]string{printed[i], `{"payload of":"` + id + `"}`} {
+		if err != nil || uuid.UUID(mid).Version() != 7 || got[i] != [2]string{printed[i], payload(id)} {
 			t.Fatalf("outbox row %d: %v, printed id %s; want message %s under a new UUIDv7\n%s", i, got[i], printed[i], id, r.stdout)
 		}
 		want = append(want, validator.Expected{ID: mid, PartitionKey: "order-1", Exchange: b.Exchange, RoutingKey: "order.paid",
 			MessageType: "order.paid", ContentType: "application/json", Payload: []byte(got[i][1]), Headers: map[string]any{"tenant": "t1"}})
 	}
-	if printed[0] == printed[1] || printed[1] == printed[2] || printed[0] == printed[2] {
+	if len(slices.Compact(sorted(printed))) != 4 {
 		t.Fatalf("the retried messages share an id: %v", printed)
 	}
 	if r := ops(t, db, "failed", "list"); r.code != 0 || !strings.Contains(r.stdout, "no failed messages") {
@@ -444,10 +479,10 @@ func TestCLIFailedRetryWithoutUUID(t *testing.T) {
 	if err := v.WaitComplete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for inbox.c.Stats().Processed < 3 {
+	for inbox.c.Stats().Processed < 4 {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("the inbox processed %d of the 3 retried messages: %+v", inbox.c.Stats().Processed, inbox.c.Stats())
+			t.Fatalf("the inbox processed %d of the 4 retried messages: %+v", inbox.c.Stats().Processed, inbox.c.Stats())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
