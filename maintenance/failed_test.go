@@ -393,20 +393,70 @@ func TestRetryByRowID(t *testing.T) {
 	if len(got) != 3 || !isV7(got["x"]) || got["x"] != res.Retried[0].MessageID || got["twice"] != twice || got["other"] != clash {
 		t.Fatalf("outbox %v, retried %+v; want x under a new UUIDv7, twice and other under their ids", outboxMessages(t, db), res.Retried)
 	}
-	var left []string
+	if left := failedPayloads(t, db); !slices.Equal(left, []string{"y", "twice", "one"}) || count(t, db, "SELECT COUNT(*) FROM outbox_failed WHERE id = ?", y) != 1 {
+		t.Fatalf("outbox_failed holds %q; want y, the other copy of twice and one", left)
+	}
+}
+
+// failedPayloads returns the payloads in outbox_failed, in id order.
+func failedPayloads(t *testing.T, db *sql.DB) []string {
+	t.Helper()
 	rows, err := db.Query("SELECT payload FROM outbox_failed ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
+	var out []string
 	for rows.Next() {
 		var p string
 		if err := rows.Scan(&p); err != nil {
 			t.Fatal(err)
 		}
-		left = append(left, p)
+		out = append(out, p)
 	}
-	if !slices.Equal(left, []string{"y", "twice", "one"}) || count(t, db, "SELECT COUNT(*) FROM outbox_failed WHERE id = ?", y) != 1 {
-		t.Fatalf("outbox_failed holds %q; want y, the other copy of twice and one", left)
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Purge by name deletes exactly the failures named (every failure of a
+// message id, the one failure of a row id), all or nothing; its dry run
+// lists them and deletes nothing.
+func TestPurgeFailedIDs(t *testing.T) {
+	db, ctx := setup(t, false)
+	m, n := newID(t), newID(t)
+	insertFailed(t, db, failedRow{id: m, rk: "rk", payload: []byte("m1")})
+	insertFailed(t, db, failedRow{id: m, rk: "rk", payload: []byte("m2")})
+	insertFailed(t, db, failedRow{rk: "rk", payload: []byte("x"), source: "inbox"})
+	insertFailed(t, db, failedRow{rk: "rk", payload: []byte("y"), source: "inbox"})
+	insertFailed(t, db, failedRow{id: n, rk: "rk", payload: []byte("n")})
+	x := failedRowID(t, db, "x")
+	all := []string{"m1", "m2", "x", "y", "n"}
+
+	for _, o := range []maintenance.PurgeIDsOptions{
+		{IDs: []outbox.MessageID{m}, RowIDs: []uint64{1 << 40}},
+		{IDs: []outbox.MessageID{m, newID(t)}},
+		{IDs: []outbox.MessageID{{}}},
+		{},
+	} {
+		if list, err := maintenance.PurgeFailedIDs(ctx, db, o); !maintenance.IsRefused(err) || len(list) != 0 {
+			t.Fatalf("purge %+v: %+v, %v; want a refusal", o, list, err)
+		}
+		if got := failedPayloads(t, db); !slices.Equal(got, all) {
+			t.Fatalf("a refused purge %+v left %q", o, got)
+		}
+	}
+	o := maintenance.PurgeIDsOptions{IDs: []outbox.MessageID{m}, RowIDs: []uint64{x}, DryRun: true}
+	list, err := maintenance.PurgeFailedIDs(ctx, db, o)
+	if err != nil || len(list) != 3 || list[2].RowID != x || !slices.Equal(failedPayloads(t, db), all) {
+		t.Fatalf("dry run: %+v, %v", list, err)
+	}
+	o.DryRun = false
+	if list, err = maintenance.PurgeFailedIDs(ctx, db, o); err != nil || len(list) != 3 {
+		t.Fatalf("purge: %+v, %v", list, err)
+	}
+	if got := failedPayloads(t, db); !slices.Equal(got, []string{"y", "n"}) {
+		t.Fatalf("purge of %s and row %d left %q, want y and n", m, x, got)
 	}
 }

@@ -19,10 +19,10 @@ import (
 // single failures, copies of one message that failed more than once, two
 // messages a producer gave one id, messages failing again after a retry —
 // worked on by retries of random subsets, retry --all in random batch
-// sizes, purges by age and deliveries by the relay (rows deleted or marked
+// sizes, purges by age and by id, and deliveries by the relay (rows deleted or marked
 // delivered). After every step no message is lost: a failed row that goes
-// away was put back into the outbox, or purged by a purge that was asked
-// to purge it; a message put back is there once, under its own UUID or,
+// away was put back into the outbox (and the retry says so), or purged by
+// a purge that was asked to purge it; a message put back is there once, under its own UUID or,
 // when it had none, under a new UUIDv7 of its own; a refused retry changes
 // nothing. OUTBOX_TEST_SEED=n repeats a run.
 func TestRetryAndPurgeConserveMessages(t *testing.T) {
@@ -50,8 +50,10 @@ func TestRetryAndPurgeConserveMessages(t *testing.T) {
 				step = f.retryIDs(before)
 			case p < 55:
 				step = f.retryAll()
-			case p < 70:
+			case p < 65:
 				step = f.purgeAge(before)
+			case p < 72:
+				step = f.purgeIDs(before)
 			default:
 				step = f.deliver(before)
 			}
@@ -359,7 +361,49 @@ func (f *fuzz) purgeAge(before fuzzTables) string {
 		f.t.Fatalf("%s: want %d rows purged and the outbox untouched\nsteps:\n%s", step, want, f.history())
 	}
 	f.markPurged(after)
-	f.tally["purged rows"] += int(res.Rows)
+	f.tally["purged rows by age"] += int(res.Rows)
+	return step
+}
+
+// purgeIDs purges one or two random failures, each named by its message
+// id or its row id: exactly the rows named go.
+func (f *fuzz) purgeIDs(before fuzzTables) string {
+	picked := sortedRows(before.failed)
+	f.rng.Shuffle(len(picked), func(i, j int) { picked[i], picked[j] = picked[j], picked[i] })
+	var o maintenance.PurgeIDsOptions
+	named := map[uint64]bool{}
+	for _, r := range picked[:min(len(picked), 1+f.rng.IntN(2))] {
+		if r.messageID == (outbox.MessageID{}) || f.rng.IntN(2) == 0 {
+			o.RowIDs = append(o.RowIDs, r.id)
+			named[r.id] = true
+			continue
+		}
+		o.IDs = append(o.IDs, r.messageID)
+		for _, s := range before.failed {
+			if s.messageID == r.messageID {
+				named[s.id] = true
+			}
+		}
+	}
+	if len(named) == 0 {
+		return "purge by id: nothing picked"
+	}
+	list, err := maintenance.PurgeFailedIDs(f.ctx, f.db, o)
+	step := fmt.Sprintf("purge %v rows %v: %d rows, %v", o.IDs, o.RowIDs, len(list), err)
+	if err != nil {
+		f.t.Fatalf("%s", step)
+	}
+	after := f.read()
+	for id := range before.failed {
+		if _, kept := after.failed[id]; kept == named[id] {
+			f.t.Fatalf("%s: row %d named %v, kept %v\nsteps:\n%s", step, id, named[id], kept, f.history())
+		}
+	}
+	if len(list) != len(named) || !sameRows(before.outbox, after.outbox) {
+		f.t.Fatalf("%s: want %d rows purged and the outbox untouched\nsteps:\n%s", step, len(named), f.history())
+	}
+	f.markPurged(after)
+	f.tally["purged rows by id"] += len(list)
 	return step
 }
 

@@ -25,7 +25,7 @@ func init() {
 	register(&command{
 		name:    "failed",
 		summary: "list, show, retry or purge the messages in outbox_failed",
-		usage:   "list|show ID|retry ID... | retry --all|purge --older-than AGE [flags]",
+		usage:   "list|show ID|retry ID... | retry --all|purge --older-than AGE | purge ID... [flags]",
 		help: `Messages the relay could not publish (unroutable, exchange missing, nacked
 --max-attempts times, headers not a JSON object) and messages an inbox consumer
 gave up on wait in outbox_failed. Flags may come before or after the
@@ -55,6 +55,9 @@ message; list shows "(not a UUID)") has only its row id.
                        those that cannot be retried are named and stay (exit 2)
   purge --older-than AGE
                        delete failures older than AGE, for good
+  purge ID...          delete the failures ID names, for good, in one
+                       transaction; an ID not in outbox_failed is refused
+                       (exit 2) and nothing is deleted
 
 AGE is a Go duration (90m, 36h) or whole days (7d, 30d). --dry-run prints what
 retry or purge would change and changes nothing. Exit codes: 0 done, 1 runtime
@@ -82,7 +85,7 @@ func setupFailed(fs *flag.FlagSet) runFunc {
 			return usagef("failed: %v; run 'outbox-relay failed --help'", err)
 		}
 		if len(args) == 0 {
-			return usagef("failed: give a subcommand: list, show ID, retry ID... or purge --older-than AGE")
+			return usagef("failed: give a subcommand: list, show ID, retry ID... or purge --older-than AGE|ID...")
 		}
 		sub, ids := args[0], args[1:]
 		only := func(flags ...string) error {
@@ -157,8 +160,21 @@ func setupFailed(fs *flag.FlagSet) runFunc {
 				return err
 			})
 		case "purge":
-			if !older.set {
-				return usagef("failed purge: --older-than is required, e.g. --older-than 30d")
+			if older.set == (len(ids) > 0) {
+				return usagef("failed purge: give IDs (message ids or row ids) or --older-than AGE, e.g. --older-than 30d (not both)")
+			}
+			if len(ids) > 0 {
+				msgs, rows, err := parseFailedIDs(ids)
+				if err != nil {
+					return err
+				}
+				return run(-1, []string{"dry-run"}, func(db *sql.DB) error {
+					list, err := maintenance.PurgeFailedIDs(ctx, db, maintenance.PurgeIDsOptions{IDs: msgs, RowIDs: rows, DryRun: *dryRun})
+					if err != nil {
+						return err
+					}
+					return printPurgedIDs(inv.stdout, o.json, *dryRun, list)
+				})
 			}
 			b, err := batch.batch(inv.log, "failed purge")
 			if err != nil {
@@ -487,6 +503,38 @@ func joinUints(ids []uint64) string {
 }
 
 func pluralInt(n int, word string) string { return plural(int64(n), word) }
+
+// printPurgedIDs prints the failures `failed purge ID...` deleted.
+func printPurgedIDs(w io.Writer, asJSON, dryRun bool, list []maintenance.Failed) error {
+	if asJSON {
+		type purged struct {
+			RowID     uint64  `json:"row_id"`
+			MessageID *string `json:"message_id"`
+		}
+		out := struct {
+			Table  string   `json:"table"`
+			DryRun bool     `json:"dry_run"`
+			Rows   int      `json:"rows"`
+			Purged []purged `json:"purged"`
+		}{Table: maintenance.FailedTable, DryRun: dryRun, Rows: len(list), Purged: []purged{}}
+		for _, f := range list {
+			out.Purged = append(out.Purged, purged{f.RowID, messageIDJSON(f.MessageID)})
+		}
+		return printJSON(w, out)
+	}
+	verb := "purged"
+	if dryRun {
+		verb = "would purge"
+	}
+	for _, f := range list {
+		fmt.Fprintf(w, "%s failed row %d (message %s, failed at %s)\n", verb, f.RowID, messageIDText(f.MessageID), utcText(f.FailedAt))
+	}
+	if dryRun {
+		_, err := fmt.Fprintln(w, "dry run: nothing was changed")
+		return err
+	}
+	return nil
+}
 
 // deleteJSON is a batched delete's result for --json.
 func deleteJSON(table string, dryRun bool, res maintenance.DeleteResult) any {

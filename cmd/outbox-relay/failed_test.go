@@ -79,8 +79,9 @@ func opsFailed(t *testing.T, db *testenv.DB, outboxID int, id uuid.UUID, key, ex
 
 // failed list, show, retry and purge: tables for people, --json for
 // scripts, --dry-run changing nothing, and exit code 2 with a one-line
-// message for what is refused (a bad id, an unknown message, a message
-// already retried, a missing or malformed age, an unknown subcommand).
+// message for what is refused (a bad id, an unknown message or row, a
+// message already retried, the zero message id, a missing or malformed age,
+// an unknown subcommand). Purge by ID deletes exactly the failures named.
 func TestCLIFailed(t *testing.T) {
 	db := opsDB(t)
 	m1, m2, m3 := newMessageID(t), newMessageID(t), newMessageID(t)
@@ -181,6 +182,36 @@ func TestCLIFailed(t *testing.T) {
 	if r.code != 2 || !strings.Contains(r.stdout, m1.String()) || !strings.Contains(r.stderr, "nothing was changed") ||
 		opsCount(t, db, "SELECT COUNT(*) FROM outbox") != 1 || opsCount(t, db, "SELECT COUNT(*) FROM outbox_failed") != 2 {
 		t.Fatalf("second retry: %+v", r)
+	}
+
+	// Purge by ID: exactly the failures named, all or nothing.
+	opsFailed(t, db, 14, uuid.Nil, "", "", "", `{"n":4}`, "inbox", time.Second) // its message id was not a UUID
+	row := opsCount(t, db, "SELECT id FROM outbox_failed WHERE message_id = ?", uuid.Nil[:])
+	for _, args := range [][]string{
+		{"failed", "purge", fmt.Sprint(row), "999999"},
+		{"failed", "purge", fmt.Sprint(row), "--older-than", "1d"},
+		{"failed", "purge", uuid.Nil.String()},
+	} {
+		if r := ops(t, db, args...); r.code != 2 || strings.Count(r.stderr, "outbox-relay: ") != 1 {
+			t.Errorf("%q: %+v; want exit 2 with one error line", args, r)
+		}
+	}
+	r = ops(t, db, "failed", "purge", fmt.Sprint(row), "--dry-run")
+	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("would purge failed row %d (message (not a UUID)", row)) ||
+		opsCount(t, db, "SELECT COUNT(*) FROM outbox_failed") != 3 {
+		t.Fatalf("failed purge %d --dry-run: %+v", row, r)
+	}
+	r = ops(t, db, "failed", "purge", fmt.Sprint(row), "--json")
+	var purgedIDs struct {
+		Rows   int `json:"rows"`
+		Purged []struct {
+			RowID     int     `json:"row_id"`
+			MessageID *string `json:"message_id"`
+		} `json:"purged"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &purgedIDs) != nil || purgedIDs.Rows != 1 || purgedIDs.Purged[0].RowID != row ||
+		purgedIDs.Purged[0].MessageID != nil || opsCount(t, db, "SELECT COUNT(*) FROM outbox_failed") != 2 {
+		t.Fatalf("failed purge %d --json: %+v", row, r)
 	}
 
 	// Purge: only failures older than the age, 7d being 7 days.
