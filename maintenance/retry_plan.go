@@ -138,7 +138,8 @@ func differ(u *retryUnit) string {
 	for _, f := range u.rows[:len(u.rows)-1] {
 		if !f.sameMessage(newest) {
 			return fmt.Sprintf("its failed rows %s differ (payload, headers or properties): they are not copies of one message "+
-				"and only one can go back under its id; retry that one by its row id (failed show %s lists them)",
+				"and only one can go back under its id: retry the one to deliver by its row id and purge the others by theirs "+
+				"(failed show %s lists them)",
 				joinIDs(rowIDs(u.rows)), u.msg)
 		}
 	}

@@ -25,7 +25,7 @@ func init() {
 	register(&command{
 		name:    "failed",
 		summary: "list, show, retry or purge the messages in outbox_failed",
-		usage:   "list|show ID|retry ID... | retry --all|purge --older-than AGE | purge ID... [flags]",
+		usage:   "list|show ID|retry ID...|retry --all|purge ID...|purge --older-than AGE [flags]",
 		help: `Messages the relay could not publish (unroutable, exchange missing, nacked
 --max-attempts times, headers not a JSON object) and messages an inbox consumer
 gave up on wait in outbox_failed. Flags may come before or after the
@@ -51,8 +51,9 @@ message; list shows "(not a UUID)") has only its row id.
                        delivered (--on-delivered=mark) is replaced. Consumers
                        that processed the message before still skip it by its
                        id. No failure is deleted that was not put back.
-  retry --all          every failed message, oldest first, 100 per transaction;
-                       those that cannot be retried are named and stay (exit 2)
+  retry --all          every failed message (each failure without a UUID on its
+                       own), oldest first, 100 per transaction; those that
+                       cannot be retried are named and stay (exit 2)
   purge --older-than AGE
                        delete failures older than AGE, for good
   purge ID...          delete the failures ID names, for good, in one
