@@ -67,15 +67,37 @@ failure, 2 bad usage or a refused request.`,
 	})
 }
 
+// failedFlags are the failed command's flags.
+type failedFlags struct {
+	o           *opsFlags
+	limit       *int
+	source      *string
+	all, dryRun *bool
+	older       *ageValue
+	batch       *batchFlags
+}
+
+// failedCall is one run of a failed subcommand: its ids, and run, which
+// checks the flags and the number of ids (need; -1: any), opens the
+// database and calls f.
+type failedCall struct {
+	ctx context.Context
+	inv *invocation
+	ids []string
+	run func(need int, flags []string, f func(db *sql.DB) error) error
+}
+
 func setupFailed(fs *flag.FlagSet) runFunc {
-	o := declareOps(fs, "failed")
-	limit := fs.Int("limit", 50, "list: at most this many messages, newest first")
-	source := fs.String("source", "", "list: only messages given up by the relay or an inbox (relay|inbox)")
-	all := fs.Bool("all", false, "retry: every message in outbox_failed")
-	dryRun := fs.Bool("dry-run", false, "retry, purge: print what would change and change nothing")
-	var older ageValue
-	fs.Var(&older, "older-than", "purge: delete failures older than this `age`, "+ageHelp)
-	batch := declareBatch(fs)
+	fl := &failedFlags{
+		o:      declareOps(fs, "failed"),
+		limit:  fs.Int("limit", 50, "list: at most this many messages, newest first"),
+		source: fs.String("source", "", "list: only messages given up by the relay or an inbox (relay|inbox)"),
+		all:    fs.Bool("all", false, "retry: every message in outbox_failed"),
+		dryRun: fs.Bool("dry-run", false, "retry, purge: print what would change and change nothing"),
+		older:  &ageValue{},
+	}
+	fs.Var(fl.older, "older-than", "purge: delete failures older than this `age`, "+ageHelp)
+	fl.batch = declareBatch(fs)
 	return func(ctx context.Context, inv *invocation) error {
 		args, given, err := parseInterleaved(fs, inv.args)
 		if errors.Is(err, flag.ErrHelp) {
@@ -88,26 +110,21 @@ func setupFailed(fs *flag.FlagSet) runFunc {
 		if len(args) == 0 {
 			return usagef("failed: give a subcommand: list, show ID, retry ID... or purge --older-than AGE|ID...")
 		}
-		sub, ids := args[0], args[1:]
-		only := func(flags ...string) error {
-			for _, f := range []string{"limit", "source", "all", "dry-run", "older-than", "batch-size", "batch-pause"} {
-				if given[f] && !contains(flags, f) {
-					return usagef("failed %s does not take --%s", sub, f)
+		sub := args[0]
+		c := failedCall{ctx: ctx, inv: inv, ids: args[1:]}
+		c.run = func(need int, flags []string, f func(db *sql.DB) error) error {
+			for _, name := range []string{"limit", "source", "all", "dry-run", "older-than", "batch-size", "batch-pause"} {
+				if given[name] && !contains(flags, name) {
+					return usagef("failed %s does not take --%s", sub, name)
 				}
 			}
-			return nil
-		}
-		run := func(need int, flags []string, f func(db *sql.DB) error) error {
-			if err := only(flags...); err != nil {
-				return err
-			}
-			if need >= 0 && len(ids) != need {
+			if need >= 0 && len(c.ids) != need {
 				if need == 0 {
-					return usagef("failed %s takes no arguments, got %q", sub, ids[0])
+					return usagef("failed %s takes no arguments, got %q", sub, c.ids[0])
 				}
-				return usagef("failed %s takes %d ID (a message id or a row id), got %d", sub, need, len(ids))
+				return usagef("failed %s takes %d ID (a message id or a row id), got %d", sub, need, len(c.ids))
 			}
-			db, err := o.open(ctx)
+			db, err := fl.o.open(ctx)
 			if err != nil {
 				return err
 			}
@@ -116,89 +133,106 @@ func setupFailed(fs *flag.FlagSet) runFunc {
 		}
 		switch sub {
 		case "list":
-			if *limit < 1 {
-				return usagef("failed list: --limit %d: want at least 1", *limit)
-			}
-			return run(0, []string{"limit", "source"}, func(db *sql.DB) error {
-				list, total, err := maintenance.ListFailed(ctx, db, maintenance.ListOptions{Limit: *limit, Source: *source})
-				if err != nil {
-					return err
-				}
-				return printFailedList(inv.stdout, o.json, list, total)
-			})
+			return failedList(c, fl)
 		case "show":
-			msgs, rows, err := parseFailedIDs(ids)
-			if err != nil {
-				return err
-			}
-			return run(1, nil, func(db *sql.DB) error {
-				if len(rows) == 1 {
-					f, err := maintenance.ShowFailedRow(ctx, db, rows[0])
-					if err != nil {
-						return err
-					}
-					return printFailedShow(inv.stdout, o.json, f.MessageID, []maintenance.Failed{f})
-				}
-				list, err := maintenance.ShowFailed(ctx, db, msgs[0])
-				if err != nil {
-					return err
-				}
-				return printFailedShow(inv.stdout, o.json, msgs[0], list)
-			})
+			return failedShow(c, fl)
 		case "retry":
-			if *all == (len(ids) > 0) {
-				return usagef("failed retry: give IDs (message ids or row ids) or --all (not both)")
-			}
-			msgs, rows, err := parseFailedIDs(ids)
-			if err != nil {
-				return err
-			}
-			return run(-1, []string{"all", "dry-run"}, func(db *sql.DB) error {
-				res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{Table: o.table, IDs: msgs, RowIDs: rows, All: *all, DryRun: *dryRun})
-				if perr := printRetry(inv.stdout, o.json, o.table, *dryRun, res); perr != nil && err == nil {
-					err = perr
-				}
-				return err
-			})
+			return failedRetry(c, fl)
 		case "purge":
-			if older.set == (len(ids) > 0) {
-				return usagef("failed purge: give IDs (message ids or row ids) or --older-than AGE, e.g. --older-than 30d (not both)")
-			}
-			if len(ids) > 0 {
-				msgs, rows, err := parseFailedIDs(ids)
-				if err != nil {
-					return err
-				}
-				return run(-1, []string{"dry-run"}, func(db *sql.DB) error {
-					list, err := maintenance.PurgeFailedIDs(ctx, db, maintenance.PurgeIDsOptions{IDs: msgs, RowIDs: rows, DryRun: *dryRun})
-					if err != nil {
-						return err
-					}
-					return printPurgedIDs(inv.stdout, o.json, *dryRun, list)
-				})
-			}
-			b, err := batch.batch(inv.log, "failed purge")
-			if err != nil {
-				return err
-			}
-			return run(0, []string{"older-than", "dry-run", "batch-size", "batch-pause"}, func(db *sql.DB) error {
-				res, err := maintenance.PurgeFailed(ctx, db, maintenance.PurgeOptions{OlderThan: older.d, Batch: b, DryRun: *dryRun})
-				if err != nil {
-					return err
-				}
-				if o.json {
-					return printJSON(inv.stdout, deleteJSON(maintenance.FailedTable, *dryRun, res))
-				}
-				verb := "purged"
-				if *dryRun {
-					verb = "would purge"
-				}
-				_, err = fmt.Fprintf(inv.stdout, "%s %d failed %s that failed before %s\n", verb, res.Rows, plural(res.Rows, "message"), utcText(res.Cutoff))
-				return err
-			})
+			return failedPurge(c, fl)
 		}
 		return usagef("failed: unknown subcommand %q: want list, show, retry or purge", sub)
 	}
+}
+
+func failedList(c failedCall, fl *failedFlags) error {
+	if *fl.limit < 1 {
+		return usagef("failed list: --limit %d: want at least 1", *fl.limit)
+	}
+	return c.run(0, []string{"limit", "source"}, func(db *sql.DB) error {
+		list, total, err := maintenance.ListFailed(c.ctx, db, maintenance.ListOptions{Limit: *fl.limit, Source: *fl.source})
+		if err != nil {
+			return err
+		}
+		return printFailedList(c.inv.stdout, fl.o.json, list, total)
+	})
+}
+
+func failedShow(c failedCall, fl *failedFlags) error {
+	msgs, rows, err := parseFailedIDs(c.ids)
+	if err != nil {
+		return err
+	}
+	return c.run(1, nil, func(db *sql.DB) error {
+		if len(rows) == 1 {
+			f, err := maintenance.ShowFailedRow(c.ctx, db, rows[0])
+			if err != nil {
+				return err
+			}
+			return printFailedShow(c.inv.stdout, fl.o.json, f.MessageID, []maintenance.Failed{f})
+		}
+		list, err := maintenance.ShowFailed(c.ctx, db, msgs[0])
+		if err != nil {
+			return err
+		}
+		return printFailedShow(c.inv.stdout, fl.o.json, msgs[0], list)
+	})
+}
+
+func failedRetry(c failedCall, fl *failedFlags) error {
+	if *fl.all == (len(c.ids) > 0) {
+		return usagef("failed retry: give IDs (message ids or row ids) or --all (not both)")
+	}
+	msgs, rows, err := parseFailedIDs(c.ids)
+	if err != nil {
+		return err
+	}
+	return c.run(-1, []string{"all", "dry-run"}, func(db *sql.DB) error {
+		res, err := maintenance.Retry(c.ctx, db, maintenance.RetryOptions{
+			Table: fl.o.table, IDs: msgs, RowIDs: rows, All: *fl.all, DryRun: *fl.dryRun})
+		if perr := printRetry(c.inv.stdout, fl.o.json, fl.o.table, *fl.dryRun, res); perr != nil && err == nil {
+			err = perr
+		}
+		return err
+	})
+}
+
+func failedPurge(c failedCall, fl *failedFlags) error {
+	if fl.older.set == (len(c.ids) > 0) {
+		return usagef("failed purge: give IDs (message ids or row ids) or --older-than AGE, e.g. --older-than 30d (not both)")
+	}
+	if len(c.ids) > 0 {
+		msgs, rows, err := parseFailedIDs(c.ids)
+		if err != nil {
+			return err
+		}
+		return c.run(-1, []string{"dry-run"}, func(db *sql.DB) error {
+			list, err := maintenance.PurgeFailedIDs(c.ctx, db, maintenance.PurgeIDsOptions{IDs: msgs, RowIDs: rows, DryRun: *fl.dryRun})
+			if err != nil {
+				return err
+			}
+			return printPurgedIDs(c.inv.stdout, fl.o.json, *fl.dryRun, list)
+		})
+	}
+	b, err := fl.batch.batch(c.inv.log, "failed purge")
+	if err != nil {
+		return err
+	}
+	return c.run(0, []string{"older-than", "dry-run", "batch-size", "batch-pause"}, func(db *sql.DB) error {
+		res, err := maintenance.PurgeFailed(c.ctx, db, maintenance.PurgeOptions{OlderThan: fl.older.d, Batch: b, DryRun: *fl.dryRun})
+		if err != nil {
+			return err
+		}
+		if fl.o.json {
+			return printJSON(c.inv.stdout, deleteJSON(maintenance.FailedTable, *fl.dryRun, res))
+		}
+		verb := "purged"
+		if *fl.dryRun {
+			verb = "would purge"
+		}
+		_, err = fmt.Fprintf(c.inv.stdout, "%s %d failed %s that failed before %s\n", verb, res.Rows, plural(res.Rows, "message"), utcText(res.Cutoff))
+		return err
+	})
 }
 
 func contains(list []string, s string) bool {
