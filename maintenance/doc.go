@@ -21,6 +21,12 @@
 //     run it again to finish.
 //   - Every job that changes data has a dry run that only reads and
 //     reports what it would change.
+//   - A failure in outbox_failed is named by its message id (every failure
+//     of that message) or by its row id (that failure alone); the zero
+//     message id, which the inbox stores for message ids that were not
+//     UUIDs, names nothing. Retry deletes only the failed rows it put back,
+//     in the transaction that puts them back; purge deletes only the rows
+//     it was asked to.
 //   - A request the package refuses to carry out (an age below the inbox
 //     floor, a table that is not partitioned, a message that cannot be
 //     retried) is a *RefusedError; any other error is a runtime failure.

@@ -3,7 +3,9 @@ package maintenance_test
 import (
 	"bytes"
 	"database/sql"
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -97,8 +99,9 @@ func readOutbox(t *testing.T, db *sql.DB, id outbox.MessageID) []outboxRow {
 // A retried message goes back into the outbox with its message id and
 // every column it was enqueued with (binary payload, headers, type, content
 // type), pending, available at once, with no attempts; its failed rows (it
-// failed twice) are gone. It gets a new id: after the rows of its partition
-// key already in the outbox, before the ones enqueued after the retry.
+// failed twice: copies of one message) are gone. It gets a new id: after
+// the rows of its partition key already in the outbox, before the ones
+// enqueued after the retry.
 func TestRetryKeepsMessageAndLandsAfterEarlierRowsOfItsKey(t *testing.T) {
 	db, ctx := setup(t, false)
 	a1 := insertRow(t, db, "order-1", time.Minute, -1)
@@ -106,9 +109,11 @@ func TestRetryKeepsMessageAndLandsAfterEarlierRowsOfItsKey(t *testing.T) {
 	m := newID(t)
 	payload := []byte{0, 1, 2, 0xff, 'x', 0}
 	f := failedRow{outboxID: a1 - 1, id: m, key: "order-1", exchange: "orders", rk: "order.paid", mt: "order.paid",
-		headers: `{"tenant": "t1", "n": 3}`, payload: payload, contentType: "application/octet-stream", failedAgo: 2 * time.Hour}
+		headers: `{"n":3,"tenant":"t1"}`, payload: payload, contentType: "application/octet-stream", source: "inbox", failedAgo: 2 * time.Hour}
 	insertFailed(t, db, f)
-	f.failedAgo = time.Hour
+	// The same message failing again (the inbox wrote its headers in
+	// another form): a copy.
+	f.failedAgo, f.headers, f.source = time.Hour, `{"tenant": "t1", "n": 3}`, "relay"
 	insertFailed(t, db, f)
 
 	res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{IDs: []outbox.MessageID{m}})
@@ -116,7 +121,7 @@ func TestRetryKeepsMessageAndLandsAfterEarlierRowsOfItsKey(t *testing.T) {
 		t.Fatalf("retry: %+v, %v", res, err)
 	}
 	r := res.Retried[0]
-	if r.MessageID != m || r.FailedRows != 2 || r.ReplacedDelivered || r.NewID <= a2 {
+	if r.MessageID != m || len(r.RowIDs) != 2 || r.ReplacedDelivered || r.NewID <= a2 {
 		t.Fatalf("retried %+v; want message %s, 2 failed rows, a new id after %d", r, m, a2)
 	}
 	got := readOutbox(t, db, m)
@@ -232,5 +237,226 @@ func TestRetryConcurrentPartitioned(t *testing.T) {
 			t.Fatalf("retry of a pending message: %+v, %v", res, err)
 		}
 		exec(t, db, "DELETE FROM outbox_failed")
+	}
+}
+
+// outboxMessage is an outbox row's message id and payload.
+type outboxMessage struct {
+	id      outbox.MessageID
+	payload string
+}
+
+func (m outboxMessage) String() string { return m.id.String() + " " + strconv.Quote(m.payload) }
+
+// outboxMessages returns the outbox's rows in id order.
+func outboxMessages(t *testing.T, db *sql.DB) []outboxMessage {
+	t.Helper()
+	rows, err := db.Query("SELECT message_id, payload FROM outbox ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []outboxMessage
+	for rows.Next() {
+		var m outboxMessage
+		var raw []byte
+		if err := rows.Scan(&raw, &m.payload); err != nil {
+			t.Fatal(err)
+		}
+		copy(m.id[:], raw)
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// isV7 reports whether id is a UUID of version 7 (RFC 9562 variant).
+func isV7(id outbox.MessageID) bool { return id[6]>>4 == 7 && id[8]>>6 == 2 }
+
+// Three inbox failures whose message ids were not UUIDs (a, b and c: the
+// inbox stores each with the zero message id) are three messages: retry
+// --all puts all three back, each under a new UUIDv7 of its own, in the
+// order they failed, and outbox_failed ends empty.
+func TestRetryAllFailuresWithoutUUID(t *testing.T) {
+	db, ctx := setup(t, false)
+	for i, p := range []string{"a", "b", "c"} {
+		insertFailed(t, db, failedRow{outboxID: uint64(i + 1), key: "k", rk: "rk", payload: []byte("payload of " + p),
+			source: "inbox", failedAgo: time.Duration(3-i) * time.Hour})
+	}
+	res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{All: true})
+	got := outboxMessages(t, db)
+	if err != nil || len(res.Retried) != 3 || len(got) != 3 {
+		t.Fatalf("retry --all: %+v, %v; outbox %v; want 3 messages retried", res, err, got)
+	}
+	seen := map[outbox.MessageID]bool{}
+	for i, p := range []string{"a", "b", "c"} {
+		g := got[i]
+		if r := res.Retried[i]; g.payload != "payload of "+p || !isV7(g.id) || seen[g.id] || r.MessageID != g.id || !r.NewMessageID || len(r.RowIDs) != 1 {
+			t.Fatalf("outbox row %d: %s %q, retried %+v; want payload of %s under a new UUIDv7 of its own", i, g.id, g.payload, res.Retried[i], p)
+		}
+		seen[g.id] = true
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM outbox_failed"); n != 0 {
+		t.Fatalf("%d rows left in outbox_failed", n)
+	}
+}
+
+// Two failures under one UUID that differ (a producer gave two messages one
+// id on a partitioned outbox, whose message_id is not unique) are not
+// copies of one message: a retry by that id could put back only one of
+// them, so it refuses and changes nothing.
+func TestRetryRefusesDifferingFailuresOfOneID(t *testing.T) {
+	db, ctx := setup(t, true)
+	m := newID(t)
+	insertFailed(t, db, failedRow{outboxID: 1, id: m, key: "k", rk: "rk", payload: []byte("first"), failedAgo: 2 * time.Hour})
+	insertFailed(t, db, failedRow{outboxID: 2, id: m, key: "k", rk: "rk", payload: []byte("second"), failedAgo: time.Hour})
+	for _, o := range []maintenance.RetryOptions{{IDs: []outbox.MessageID{m}}, {All: true}} {
+		res, err := maintenance.Retry(ctx, db, o)
+		if !maintenance.IsRefused(err) || len(res.Retried) != 0 || len(res.Skipped) != 1 {
+			t.Fatalf("retry %+v: %+v, %v; want a refusal", o, res, err)
+		}
+		if n := count(t, db, "SELECT COUNT(*) FROM outbox"); n != 0 || count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 2 {
+			t.Fatalf("retry %+v changed the tables: outbox %v", o, outboxMessages(t, db))
+		}
+	}
+}
+
+// failedRowID returns the id of the outbox_failed row holding payload.
+func failedRowID(t *testing.T, db *sql.DB, payload string) uint64 {
+	t.Helper()
+	var id uint64
+	if err := db.QueryRow("SELECT id FROM outbox_failed WHERE payload = ?", payload).Scan(&id); err != nil {
+		t.Fatalf("failed row of %q: %v", payload, err)
+	}
+	return id
+}
+
+// A row id names one failure: a failure without a UUID goes back under a
+// new UUIDv7 (none in a dry run), the others stay; one copy of a message
+// that failed twice goes back and the other copy stays; of two messages
+// under one id, the one named goes back under that id. The zero message id
+// and a row id that is not there are refused and change nothing.
+func TestRetryByRowID(t *testing.T) {
+	db, ctx := setup(t, true)
+	for _, p := range []string{"x", "y"} {
+		insertFailed(t, db, failedRow{rk: "rk", payload: []byte(p), source: "inbox"})
+	}
+	twice, clash := newID(t), newID(t)
+	insertFailed(t, db, failedRow{outboxID: 5, id: twice, rk: "rk", payload: []byte("twice"), failedAgo: time.Hour})
+	insertFailed(t, db, failedRow{outboxID: 5, id: twice, rk: "rk", payload: []byte("twice"), source: "inbox"})
+	insertFailed(t, db, failedRow{outboxID: 6, id: clash, rk: "rk", payload: []byte("one")})
+	insertFailed(t, db, failedRow{outboxID: 7, id: clash, rk: "rk", payload: []byte("other")})
+	x, y, other := failedRowID(t, db, "x"), failedRowID(t, db, "y"), failedRowID(t, db, "other")
+
+	unchanged := func(what string) {
+		t.Helper()
+		if n := count(t, db, "SELECT COUNT(*) FROM outbox"); n != 0 || count(t, db, "SELECT COUNT(*) FROM outbox_failed") != 6 {
+			t.Fatalf("%s changed the tables: outbox %v", what, outboxMessages(t, db))
+		}
+	}
+	for _, o := range []maintenance.RetryOptions{
+		{IDs: []outbox.MessageID{{}}},
+		{RowIDs: []uint64{x, 1 << 40}},
+		{IDs: []outbox.MessageID{clash}, RowIDs: []uint64{x}}, // the failures of clash differ
+	} {
+		if res, err := maintenance.Retry(ctx, db, o); !maintenance.IsRefused(err) || len(res.Retried) != 0 {
+			t.Fatalf("retry %+v: %+v, %v; want a refusal", o, res, err)
+		}
+		unchanged(fmt.Sprintf("a refused retry %+v", o))
+	}
+	if _, err := maintenance.ShowFailed(ctx, db, outbox.MessageID{}); !maintenance.IsRefused(err) {
+		t.Fatalf("show of the zero id: %v; want a refusal", err)
+	}
+	if f, err := maintenance.ShowFailedRow(ctx, db, x); err != nil || string(f.Payload) != "x" || f.MessageID != (outbox.MessageID{}) {
+		t.Fatalf("show row %d: %+v, %v", x, f, err)
+	}
+	res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{RowIDs: []uint64{x}, DryRun: true})
+	if err != nil || len(res.Retried) != 1 || !res.Retried[0].NewMessageID || res.Retried[0].MessageID != (outbox.MessageID{}) {
+		t.Fatalf("dry run: %+v, %v", res, err)
+	}
+	unchanged("the dry run")
+
+	var copyRow uint64 // the older copy of twice
+	if err := db.QueryRow("SELECT MIN(id) FROM outbox_failed WHERE message_id = ?", twice[:]).Scan(&copyRow); err != nil {
+		t.Fatal(err)
+	}
+	res, err = maintenance.Retry(ctx, db, maintenance.RetryOptions{RowIDs: []uint64{x, copyRow, other}})
+	if err != nil || len(res.Retried) != 3 {
+		t.Fatalf("retry rows %d, %d and %d: %+v, %v", x, copyRow, other, res, err)
+	}
+	got := map[string]outbox.MessageID{}
+	for _, m := range outboxMessages(t, db) {
+		got[m.payload] = m.id
+	}
+	if len(got) != 3 || !isV7(got["x"]) || got["x"] != res.Retried[0].MessageID || got["twice"] != twice || got["other"] != clash {
+		t.Fatalf("outbox %v, retried %+v; want x under a new UUIDv7, twice and other under their ids", outboxMessages(t, db), res.Retried)
+	}
+	if left := failedPayloads(t, db); !slices.Equal(left, []string{"y", "twice", "one"}) || count(t, db, "SELECT COUNT(*) FROM outbox_failed WHERE id = ?", y) != 1 {
+		t.Fatalf("outbox_failed holds %q; want y, the other copy of twice and one", left)
+	}
+}
+
+// failedPayloads returns the payloads in outbox_failed, in id order.
+func failedPayloads(t *testing.T, db *sql.DB) []string {
+	t.Helper()
+	rows, err := db.Query("SELECT payload FROM outbox_failed ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Purge by name deletes exactly the failures named (every failure of a
+// message id, the one failure of a row id), all or nothing; its dry run
+// lists them and deletes nothing.
+func TestPurgeFailedIDs(t *testing.T) {
+	db, ctx := setup(t, false)
+	m, n := newID(t), newID(t)
+	insertFailed(t, db, failedRow{id: m, rk: "rk", payload: []byte("m1")})
+	insertFailed(t, db, failedRow{id: m, rk: "rk", payload: []byte("m2")})
+	insertFailed(t, db, failedRow{rk: "rk", payload: []byte("x"), source: "inbox"})
+	insertFailed(t, db, failedRow{rk: "rk", payload: []byte("y"), source: "inbox"})
+	insertFailed(t, db, failedRow{id: n, rk: "rk", payload: []byte("n")})
+	x := failedRowID(t, db, "x")
+	all := []string{"m1", "m2", "x", "y", "n"}
+
+	for _, o := range []maintenance.PurgeIDsOptions{
+		{IDs: []outbox.MessageID{m}, RowIDs: []uint64{1 << 40}},
+		{IDs: []outbox.MessageID{m, newID(t)}},
+		{IDs: []outbox.MessageID{{}}},
+		{},
+	} {
+		if list, err := maintenance.PurgeFailedIDs(ctx, db, o); !maintenance.IsRefused(err) || len(list) != 0 {
+			t.Fatalf("purge %+v: %+v, %v; want a refusal", o, list, err)
+		}
+		if got := failedPayloads(t, db); !slices.Equal(got, all) {
+			t.Fatalf("a refused purge %+v left %q", o, got)
+		}
+	}
+	o := maintenance.PurgeIDsOptions{IDs: []outbox.MessageID{m}, RowIDs: []uint64{x}, DryRun: true}
+	list, err := maintenance.PurgeFailedIDs(ctx, db, o)
+	if err != nil || len(list) != 3 || list[2].RowID != x || !slices.Equal(failedPayloads(t, db), all) {
+		t.Fatalf("dry run: %+v, %v", list, err)
+	}
+	o.DryRun = false
+	if list, err = maintenance.PurgeFailedIDs(ctx, db, o); err != nil || len(list) != 3 {
+		t.Fatalf("purge: %+v, %v", list, err)
+	}
+	if got := failedPayloads(t, db); !slices.Equal(got, []string{"y", "n"}) {
+		t.Fatalf("purge of %s and row %d left %q, want y and n", m, x, got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -24,29 +25,40 @@ func init() {
 	register(&command{
 		name:    "failed",
 		summary: "list, show, retry or purge the messages in outbox_failed",
-		usage:   "list|show ID|retry ID... | retry --all|purge --older-than AGE [flags]",
+		usage:   "list|show ID|retry ID...|retry --all|purge ID...|purge --older-than AGE [flags]",
 		help: `Messages the relay could not publish (unroutable, exchange missing, nacked
 --max-attempts times, headers not a JSON object) and messages an inbox consumer
 gave up on wait in outbox_failed. Flags may come before or after the
-subcommand and the ids. ID is the message id, UUID text.
+subcommand and the ids. ID is a message id (UUID text: every failure of the
+message) or a failure's row id (a number, ROW ID in list: that failure
+alone). A failure whose message id was not a UUID (an inbox got such a
+message; list shows "(not a UUID)") has only its row id.
 
   list                 the newest failures first (--limit, --source relay|inbox)
-  show ID              every failure of one message, with headers and payload
+  show ID              the failures ID names, with headers and payload
   retry ID...          put the messages back into the outbox (--table) in one
                        transaction, with the same message id, partition key,
                        exchange, routing key, type, headers, payload and content
-                       type, and delete their failed rows. They get new outbox
-                       ids, so each goes after the rows of its partition key
-                       already waiting; created_at is the time of the retry. A
-                       message still pending in the outbox, or not in
-                       outbox_failed, is refused (exit 2) and nothing changes.
-                       A copy left marked delivered (--on-delivered=mark) is
-                       replaced. Consumers that processed the message before
-                       still skip it by its id.
-  retry --all          every failed message, oldest first, 100 per transaction;
-                       those that cannot be retried are named and stay (exit 2)
+                       type, and delete the failed rows put back. They get new
+                       outbox ids, so each goes after the rows of its partition
+                       key already waiting; created_at is the time of the retry.
+                       A failure without a UUID goes back under a new UUIDv7,
+                       printed. The failures of one message id must be copies
+                       of one message (it failed more than once): it goes back
+                       once. A message still pending in the outbox, failures of
+                       one id that differ, or an ID not in outbox_failed are
+                       refused (exit 2) and nothing changes. A copy left marked
+                       delivered (--on-delivered=mark) is replaced. Consumers
+                       that processed the message before still skip it by its
+                       id. No failure is deleted that was not put back.
+  retry --all          every failed message (each failure without a UUID on its
+                       own), oldest first, 100 per transaction; those that
+                       cannot be retried are named and stay (exit 2)
   purge --older-than AGE
                        delete failures older than AGE, for good
+  purge ID...          delete the failures ID names, for good, in one
+                       transaction; an ID not in outbox_failed is refused
+                       (exit 2) and nothing is deleted
 
 AGE is a Go duration (90m, 36h) or whole days (7d, 30d). --dry-run prints what
 retry or purge would change and changes nothing. Exit codes: 0 done, 1 runtime
@@ -55,15 +67,37 @@ failure, 2 bad usage or a refused request.`,
 	})
 }
 
+// failedFlags are the failed command's flags.
+type failedFlags struct {
+	o           *opsFlags
+	limit       *int
+	source      *string
+	all, dryRun *bool
+	older       *ageValue
+	batch       *batchFlags
+}
+
+// failedCall is one run of a failed subcommand: its ids, and run, which
+// checks the flags and the number of ids (need; -1: any), opens the
+// database and calls f.
+type failedCall struct {
+	ctx context.Context
+	inv *invocation
+	ids []string
+	run func(need int, flags []string, f func(db *sql.DB) error) error
+}
+
 func setupFailed(fs *flag.FlagSet) runFunc {
-	o := declareOps(fs, "failed")
-	limit := fs.Int("limit", 50, "list: at most this many messages, newest first")
-	source := fs.String("source", "", "list: only messages given up by the relay or an inbox (relay|inbox)")
-	all := fs.Bool("all", false, "retry: every message in outbox_failed")
-	dryRun := fs.Bool("dry-run", false, "retry, purge: print what would change and change nothing")
-	var older ageValue
-	fs.Var(&older, "older-than", "purge: delete failures older than this `age`, "+ageHelp)
-	batch := declareBatch(fs)
+	fl := &failedFlags{
+		o:      declareOps(fs, "failed"),
+		limit:  fs.Int("limit", 50, "list: at most this many messages, newest first"),
+		source: fs.String("source", "", "list: only messages given up by the relay or an inbox (relay|inbox)"),
+		all:    fs.Bool("all", false, "retry: every message in outbox_failed"),
+		dryRun: fs.Bool("dry-run", false, "retry, purge: print what would change and change nothing"),
+		older:  &ageValue{},
+	}
+	fs.Var(fl.older, "older-than", "purge: delete failures older than this `age`, "+ageHelp)
+	fl.batch = declareBatch(fs)
 	return func(ctx context.Context, inv *invocation) error {
 		args, given, err := parseInterleaved(fs, inv.args)
 		if errors.Is(err, flag.ErrHelp) {
@@ -74,28 +108,23 @@ func setupFailed(fs *flag.FlagSet) runFunc {
 			return usagef("failed: %v; run 'outbox-relay failed --help'", err)
 		}
 		if len(args) == 0 {
-			return usagef("failed: give a subcommand: list, show ID, retry ID... or purge --older-than AGE")
+			return usagef("failed: give a subcommand: list, show ID, retry ID... or purge --older-than AGE|ID...")
 		}
-		sub, ids := args[0], args[1:]
-		only := func(flags ...string) error {
-			for _, f := range []string{"limit", "source", "all", "dry-run", "older-than", "batch-size", "batch-pause"} {
-				if given[f] && !contains(flags, f) {
-					return usagef("failed %s does not take --%s", sub, f)
+		sub := args[0]
+		c := failedCall{ctx: ctx, inv: inv, ids: args[1:]}
+		c.run = func(need int, flags []string, f func(db *sql.DB) error) error {
+			for _, name := range []string{"limit", "source", "all", "dry-run", "older-than", "batch-size", "batch-pause"} {
+				if given[name] && !contains(flags, name) {
+					return usagef("failed %s does not take --%s", sub, name)
 				}
 			}
-			return nil
-		}
-		run := func(need int, flags []string, f func(db *sql.DB) error) error {
-			if err := only(flags...); err != nil {
-				return err
-			}
-			if need >= 0 && len(ids) != need {
+			if need >= 0 && len(c.ids) != need {
 				if need == 0 {
-					return usagef("failed %s takes no arguments, got %q", sub, ids[0])
+					return usagef("failed %s takes no arguments, got %q", sub, c.ids[0])
 				}
-				return usagef("failed %s takes %d message id, got %d", sub, need, len(ids))
+				return usagef("failed %s takes %d ID (a message id or a row id), got %d", sub, need, len(c.ids))
 			}
-			db, err := o.open(ctx)
+			db, err := fl.o.open(ctx)
 			if err != nil {
 				return err
 			}
@@ -104,71 +133,106 @@ func setupFailed(fs *flag.FlagSet) runFunc {
 		}
 		switch sub {
 		case "list":
-			if *limit < 1 {
-				return usagef("failed list: --limit %d: want at least 1", *limit)
-			}
-			return run(0, []string{"limit", "source"}, func(db *sql.DB) error {
-				list, total, err := maintenance.ListFailed(ctx, db, maintenance.ListOptions{Limit: *limit, Source: *source})
-				if err != nil {
-					return err
-				}
-				return printFailedList(inv.stdout, o.json, list, total)
-			})
+			return failedList(c, fl)
 		case "show":
-			if len(ids) == 1 {
-				if _, err := parseMessageIDs(ids); err != nil {
-					return err
-				}
-			}
-			return run(1, nil, func(db *sql.DB) error {
-				id, _ := outbox.ParseMessageID(ids[0])
-				list, err := maintenance.ShowFailed(ctx, db, id)
-				if err != nil {
-					return err
-				}
-				return printFailedShow(inv.stdout, o.json, id, list)
-			})
+			return failedShow(c, fl)
 		case "retry":
-			if *all == (len(ids) > 0) {
-				return usagef("failed retry: give message ids or --all (not both)")
-			}
-			msgs, err := parseMessageIDs(ids)
-			if err != nil {
-				return err
-			}
-			return run(-1, []string{"all", "dry-run"}, func(db *sql.DB) error {
-				res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{Table: o.table, IDs: msgs, All: *all, DryRun: *dryRun})
-				if perr := printRetry(inv.stdout, o.json, o.table, *dryRun, res); perr != nil && err == nil {
-					err = perr
-				}
-				return err
-			})
+			return failedRetry(c, fl)
 		case "purge":
-			if !older.set {
-				return usagef("failed purge: --older-than is required, e.g. --older-than 30d")
-			}
-			b, err := batch.batch(inv.log, "failed purge")
-			if err != nil {
-				return err
-			}
-			return run(0, []string{"older-than", "dry-run", "batch-size", "batch-pause"}, func(db *sql.DB) error {
-				res, err := maintenance.PurgeFailed(ctx, db, maintenance.PurgeOptions{OlderThan: older.d, Batch: b, DryRun: *dryRun})
-				if err != nil {
-					return err
-				}
-				if o.json {
-					return printJSON(inv.stdout, deleteJSON(maintenance.FailedTable, *dryRun, res))
-				}
-				verb := "purged"
-				if *dryRun {
-					verb = "would purge"
-				}
-				_, err = fmt.Fprintf(inv.stdout, "%s %d failed %s that failed before %s\n", verb, res.Rows, plural(res.Rows, "message"), utcText(res.Cutoff))
-				return err
-			})
+			return failedPurge(c, fl)
 		}
 		return usagef("failed: unknown subcommand %q: want list, show, retry or purge", sub)
 	}
+}
+
+func failedList(c failedCall, fl *failedFlags) error {
+	if *fl.limit < 1 {
+		return usagef("failed list: --limit %d: want at least 1", *fl.limit)
+	}
+	return c.run(0, []string{"limit", "source"}, func(db *sql.DB) error {
+		list, total, err := maintenance.ListFailed(c.ctx, db, maintenance.ListOptions{Limit: *fl.limit, Source: *fl.source})
+		if err != nil {
+			return err
+		}
+		return printFailedList(c.inv.stdout, fl.o.json, list, total)
+	})
+}
+
+func failedShow(c failedCall, fl *failedFlags) error {
+	msgs, rows, err := parseFailedIDs(c.ids)
+	if err != nil {
+		return err
+	}
+	return c.run(1, nil, func(db *sql.DB) error {
+		if len(rows) == 1 {
+			f, err := maintenance.ShowFailedRow(c.ctx, db, rows[0])
+			if err != nil {
+				return err
+			}
+			return printFailedShow(c.inv.stdout, fl.o.json, f.MessageID, []maintenance.Failed{f})
+		}
+		list, err := maintenance.ShowFailed(c.ctx, db, msgs[0])
+		if err != nil {
+			return err
+		}
+		return printFailedShow(c.inv.stdout, fl.o.json, msgs[0], list)
+	})
+}
+
+func failedRetry(c failedCall, fl *failedFlags) error {
+	if *fl.all == (len(c.ids) > 0) {
+		return usagef("failed retry: give IDs (message ids or row ids) or --all (not both)")
+	}
+	msgs, rows, err := parseFailedIDs(c.ids)
+	if err != nil {
+		return err
+	}
+	return c.run(-1, []string{"all", "dry-run"}, func(db *sql.DB) error {
+		res, err := maintenance.Retry(c.ctx, db, maintenance.RetryOptions{
+			Table: fl.o.table, IDs: msgs, RowIDs: rows, All: *fl.all, DryRun: *fl.dryRun})
+		if perr := printRetry(c.inv.stdout, fl.o.json, fl.o.table, *fl.dryRun, res); perr != nil && err == nil {
+			err = perr
+		}
+		return err
+	})
+}
+
+func failedPurge(c failedCall, fl *failedFlags) error {
+	if fl.older.set == (len(c.ids) > 0) {
+		return usagef("failed purge: give IDs (message ids or row ids) or --older-than AGE, e.g. --older-than 30d (not both)")
+	}
+	if len(c.ids) > 0 {
+		msgs, rows, err := parseFailedIDs(c.ids)
+		if err != nil {
+			return err
+		}
+		return c.run(-1, []string{"dry-run"}, func(db *sql.DB) error {
+			list, err := maintenance.PurgeFailedIDs(c.ctx, db, maintenance.PurgeIDsOptions{IDs: msgs, RowIDs: rows, DryRun: *fl.dryRun})
+			if err != nil {
+				return err
+			}
+			return printPurgedIDs(c.inv.stdout, fl.o.json, *fl.dryRun, list)
+		})
+	}
+	b, err := fl.batch.batch(c.inv.log, "failed purge")
+	if err != nil {
+		return err
+	}
+	return c.run(0, []string{"older-than", "dry-run", "batch-size", "batch-pause"}, func(db *sql.DB) error {
+		res, err := maintenance.PurgeFailed(c.ctx, db, maintenance.PurgeOptions{OlderThan: fl.older.d, Batch: b, DryRun: *fl.dryRun})
+		if err != nil {
+			return err
+		}
+		if fl.o.json {
+			return printJSON(c.inv.stdout, deleteJSON(maintenance.FailedTable, *fl.dryRun, res))
+		}
+		verb := "purged"
+		if *fl.dryRun {
+			verb = "would purge"
+		}
+		_, err = fmt.Fprintf(c.inv.stdout, "%s %d failed %s that failed before %s\n", verb, res.Rows, plural(res.Rows, "message"), utcText(res.Cutoff))
+		return err
+	})
 }
 
 func contains(list []string, s string) bool {
@@ -180,22 +244,50 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// parseMessageIDs reads message ids as UUID text; a bad one is bad usage.
-func parseMessageIDs(args []string) ([]outbox.MessageID, error) {
-	ids := make([]outbox.MessageID, 0, len(args))
+// parseFailedIDs reads IDs: a message id (UUID text) or a failure's row id
+// (a positive decimal number); anything else is bad usage.
+func parseFailedIDs(args []string) (msgs []outbox.MessageID, rows []uint64, err error) {
 	for _, a := range args {
+		if a != "" && strings.Trim(a, "0123456789") == "" {
+			n, err := strconv.ParseUint(a, 10, 64)
+			if err != nil || n == 0 {
+				return nil, nil, usagef("%q is not a row id: want a number from 1 up, as the ROW ID column of 'failed list' shows", a)
+			}
+			rows = append(rows, n)
+			continue
+		}
 		id, err := outbox.ParseMessageID(a)
 		if err != nil {
-			return nil, usagef("%q is not a message id: want UUID text such as 0190a5e2-7c3b-7d4e-8f00-112233445566", a)
+			return nil, nil, usagef("%q is neither a message id (UUID text such as 0190a5e2-7c3b-7d4e-8f00-112233445566) "+
+				"nor a row id (a number: the ROW ID column of 'failed list')", a)
 		}
-		ids = append(ids, id)
+		msgs = append(msgs, id)
 	}
-	return ids, nil
+	return msgs, rows, nil
+}
+
+// messageIDJSON is a message id for --json: null when it is the zero id
+// (the message's id was not a UUID).
+func messageIDJSON(id outbox.MessageID) *string {
+	if id == (outbox.MessageID{}) {
+		return nil
+	}
+	s := id.String()
+	return &s
+}
+
+// messageIDText is a message id for people.
+func messageIDText(id outbox.MessageID) string {
+	if id == (outbox.MessageID{}) {
+		return "(not a UUID)"
+	}
+	return id.String()
 }
 
 // failedJSON is one failed row for --json.
 type failedJSON struct {
-	MessageID     string          `json:"message_id"`
+	RowID         uint64          `json:"row_id"`
+	MessageID     *string         `json:"message_id"` // null: it was not a UUID
 	OutboxID      uint64          `json:"outbox_id"`
 	PartitionKey  string          `json:"partition_key"`
 	Exchange      string          `json:"exchange"`
@@ -215,7 +307,7 @@ type failedJSON struct {
 
 func toJSON(f maintenance.Failed, withPayload bool) failedJSON {
 	j := failedJSON{
-		MessageID: f.MessageID.String(), OutboxID: f.OutboxID, PartitionKey: f.PartitionKey, Exchange: f.Exchange,
+		RowID: f.RowID, MessageID: messageIDJSON(f.MessageID), OutboxID: f.OutboxID, PartitionKey: f.PartitionKey, Exchange: f.Exchange,
 		RoutingKey: f.RoutingKey, MessageType: f.MessageType, ContentType: f.ContentType, PayloadBytes: f.PayloadBytes,
 		CreatedAt: f.CreatedAt, Attempts: f.Attempts, Source: f.Source, Error: f.Error, FailedAt: f.FailedAt,
 		Headers: json.RawMessage("null"),
@@ -253,9 +345,9 @@ func printFailedList(w io.Writer, asJSON bool, list []maintenance.Failed, total 
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MESSAGE ID\tFAILED AT (UTC)\tSOURCE\tPARTITION KEY\tEXCHANGE\tROUTING KEY\tTYPE\tERROR")
+	fmt.Fprintln(tw, "ROW ID\tMESSAGE ID\tFAILED AT (UTC)\tSOURCE\tPARTITION KEY\tEXCHANGE\tROUTING KEY\tTYPE\tERROR")
 	for _, f := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.MessageID, f.FailedAt.Format("2006-01-02 15:04:05"), f.Source,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.RowID, messageIDText(f.MessageID), f.FailedAt.Format("2006-01-02 15:04:05"), f.Source,
 			cell(f.PartitionKey, 24), cell(f.Exchange, 24), cell(f.RoutingKey, 24), cell(f.MessageType, 24), cell(f.Error, 60))
 	}
 	if err := tw.Flush(); err != nil {
@@ -294,17 +386,21 @@ const showPayloadMax = 64 << 10
 func printFailedShow(w io.Writer, asJSON bool, id outbox.MessageID, list []maintenance.Failed) error {
 	if asJSON {
 		out := struct {
-			MessageID string       `json:"message_id"`
+			MessageID *string      `json:"message_id"`
 			Failures  []failedJSON `json:"failures"`
-		}{MessageID: id.String()}
+		}{MessageID: messageIDJSON(id)}
 		for _, f := range list {
 			out.Failures = append(out.Failures, toJSON(f, true))
 		}
 		return printJSON(w, out)
 	}
-	fmt.Fprintf(w, "message %s: %d failure(s) in outbox_failed\n", id, len(list))
+	if id == (outbox.MessageID{}) {
+		fmt.Fprintf(w, "failed row %d: its message id was not a UUID; a retry gives it a new one\n", list[0].RowID)
+	} else {
+		fmt.Fprintf(w, "message %s: %d failure(s) in outbox_failed\n", id, len(list))
+	}
 	for i, f := range list {
-		fmt.Fprintf(w, "\nfailure %d of %d\n", i+1, len(list))
+		fmt.Fprintf(w, "\nfailure %d of %d (row id %d)\n", i+1, len(list), f.RowID)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		headers := "(none)"
 		if f.Headers != nil {
@@ -370,43 +466,27 @@ func printable(b []byte) bool {
 
 func printRetry(w io.Writer, asJSON bool, table string, dryRun bool, res maintenance.RetryResult) error {
 	if asJSON {
-		type retried struct {
-			MessageID         string `json:"message_id"`
-			OutboxID          uint64 `json:"outbox_id,omitempty"`
-			FailedRows        int    `json:"failed_rows"`
-			ReplacedDelivered bool   `json:"replaced_delivered"`
-		}
-		type skipped struct {
-			MessageID string `json:"message_id"`
-			Reason    string `json:"reason"`
-		}
-		out := struct {
-			Table   string    `json:"table"`
-			DryRun  bool      `json:"dry_run"`
-			Retried []retried `json:"retried"`
-			Skipped []skipped `json:"skipped"`
-		}{Table: table, DryRun: dryRun, Retried: []retried{}, Skipped: []skipped{}}
-		for _, r := range res.Retried {
-			out.Retried = append(out.Retried, retried{r.MessageID.String(), r.NewID, r.FailedRows, r.ReplacedDelivered})
-		}
-		for _, s := range res.Skipped {
-			out.Skipped = append(out.Skipped, skipped{s.MessageID.String(), s.Reason})
-		}
-		return printJSON(w, out)
+		return printJSON(w, retryJSON(table, dryRun, res))
 	}
 	for _, r := range res.Retried {
 		extra := ""
 		if r.ReplacedDelivered {
 			extra = ", replacing its copy marked delivered"
 		}
-		if dryRun {
-			fmt.Fprintf(w, "would retry %s (%d failed row(s))%s\n", r.MessageID, r.FailedRows, extra)
-		} else {
-			fmt.Fprintf(w, "retried %s as %s id %d (%d failed row(s) deleted)%s\n", r.MessageID, table, r.NewID, r.FailedRows, extra)
+		rows := fmt.Sprintf("failed %s %s", pluralInt(len(r.RowIDs), "row"), joinUints(r.RowIDs))
+		switch {
+		case dryRun && r.NewMessageID:
+			fmt.Fprintf(w, "would retry %s under a new message id (its own was not a UUID)\n", rows)
+		case dryRun:
+			fmt.Fprintf(w, "would retry %s (%s)%s\n", r.MessageID, rows, extra)
+		case r.NewMessageID:
+			fmt.Fprintf(w, "retried %s as %s id %d under the new message id %s (its own was not a UUID)\n", rows, table, r.NewID, r.MessageID)
+		default:
+			fmt.Fprintf(w, "retried %s as %s id %d (%s deleted)%s\n", r.MessageID, table, r.NewID, rows, extra)
 		}
 	}
 	for _, s := range res.Skipped {
-		fmt.Fprintf(w, "cannot retry %s: %s\n", s.MessageID, s.Reason)
+		fmt.Fprintf(w, "cannot retry %s: %s\n", s.Name(), s.Reason)
 	}
 	var err error
 	switch {
@@ -416,6 +496,79 @@ func printRetry(w io.Writer, asJSON bool, table string, dryRun bool, res mainten
 		_, err = fmt.Fprintf(w, "dry run: nothing was changed\n")
 	}
 	return err
+}
+
+// retryJSON is a retry's result for --json.
+func retryJSON(table string, dryRun bool, res maintenance.RetryResult) any {
+	type retried struct {
+		MessageID         *string  `json:"message_id"`     // null: a new one, in a dry run
+		NewMessageID      bool     `json:"new_message_id"` // the failure's own was not a UUID
+		OutboxID          uint64   `json:"outbox_id,omitempty"`
+		RowIDs            []uint64 `json:"row_ids"`
+		FailedRows        int      `json:"failed_rows"`
+		ReplacedDelivered bool     `json:"replaced_delivered"`
+	}
+	type skipped struct {
+		MessageID *string `json:"message_id"`
+		RowID     uint64  `json:"row_id,omitempty"`
+		Reason    string  `json:"reason"`
+	}
+	out := struct {
+		Table   string    `json:"table"`
+		DryRun  bool      `json:"dry_run"`
+		Retried []retried `json:"retried"`
+		Skipped []skipped `json:"skipped"`
+	}{Table: table, DryRun: dryRun, Retried: []retried{}, Skipped: []skipped{}}
+	for _, r := range res.Retried {
+		out.Retried = append(out.Retried, retried{messageIDJSON(r.MessageID), r.NewMessageID, r.NewID, r.RowIDs, len(r.RowIDs), r.ReplacedDelivered})
+	}
+	for _, s := range res.Skipped {
+		out.Skipped = append(out.Skipped, skipped{messageIDJSON(s.MessageID), s.RowID, s.Reason})
+	}
+	return out
+}
+
+// joinUints writes ids as "3, 5".
+func joinUints(ids []uint64) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatUint(id, 10)
+	}
+	return strings.Join(s, ", ")
+}
+
+func pluralInt(n int, word string) string { return plural(int64(n), word) }
+
+// printPurgedIDs prints the failures `failed purge ID...` deleted.
+func printPurgedIDs(w io.Writer, asJSON, dryRun bool, list []maintenance.Failed) error {
+	if asJSON {
+		type purged struct {
+			RowID     uint64  `json:"row_id"`
+			MessageID *string `json:"message_id"`
+		}
+		out := struct {
+			Table  string   `json:"table"`
+			DryRun bool     `json:"dry_run"`
+			Rows   int      `json:"rows"`
+			Purged []purged `json:"purged"`
+		}{Table: maintenance.FailedTable, DryRun: dryRun, Rows: len(list), Purged: []purged{}}
+		for _, f := range list {
+			out.Purged = append(out.Purged, purged{f.RowID, messageIDJSON(f.MessageID)})
+		}
+		return printJSON(w, out)
+	}
+	verb := "purged"
+	if dryRun {
+		verb = "would purge"
+	}
+	for _, f := range list {
+		fmt.Fprintf(w, "%s failed row %d (message %s, failed at %s)\n", verb, f.RowID, messageIDText(f.MessageID), utcText(f.FailedAt))
+	}
+	if dryRun {
+		_, err := fmt.Fprintln(w, "dry run: nothing was changed")
+		return err
+	}
+	return nil
 }
 
 // deleteJSON is a batched delete's result for --json.

@@ -4,8 +4,11 @@ package main
 // of a retried message going through a real relay to a real broker.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/validator"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // opsDB is a migrated database for an operator command test.
@@ -74,8 +79,9 @@ func opsFailed(t *testing.T, db *testenv.DB, outboxID int, id uuid.UUID, key, ex
 
 // failed list, show, retry and purge: tables for people, --json for
 // scripts, --dry-run changing nothing, and exit code 2 with a one-line
-// message for what is refused (a bad id, an unknown message, a message
-// already retried, a missing or malformed age, an unknown subcommand).
+// message for what is refused (a bad id, an unknown message or row, a
+// message already retried, the zero message id, a missing or malformed age,
+// an unknown subcommand). Purge by ID deletes exactly the failures named.
 func TestCLIFailed(t *testing.T) {
 	db := opsDB(t)
 	m1, m2, m3 := newMessageID(t), newMessageID(t), newMessageID(t)
@@ -176,6 +182,36 @@ func TestCLIFailed(t *testing.T) {
 	if r.code != 2 || !strings.Contains(r.stdout, m1.String()) || !strings.Contains(r.stderr, "nothing was changed") ||
 		opsCount(t, db, "SELECT COUNT(*) FROM outbox") != 1 || opsCount(t, db, "SELECT COUNT(*) FROM outbox_failed") != 2 {
 		t.Fatalf("second retry: %+v", r)
+	}
+
+	// Purge by ID: exactly the failures named, all or nothing.
+	opsFailed(t, db, 14, uuid.Nil, "", "", "", `{"n":4}`, "inbox", time.Second) // its message id was not a UUID
+	row := opsCount(t, db, "SELECT id FROM outbox_failed WHERE message_id = ?", uuid.Nil[:])
+	for _, args := range [][]string{
+		{"failed", "purge", fmt.Sprint(row), "999999"},
+		{"failed", "purge", fmt.Sprint(row), "--older-than", "1d"},
+		{"failed", "purge", uuid.Nil.String()},
+	} {
+		if r := ops(t, db, args...); r.code != 2 || strings.Count(r.stderr, "outbox-relay: ") != 1 {
+			t.Errorf("%q: %+v; want exit 2 with one error line", args, r)
+		}
+	}
+	r = ops(t, db, "failed", "purge", fmt.Sprint(row), "--dry-run")
+	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("would purge failed row %d (message (not a UUID)", row)) ||
+		opsCount(t, db, "SELECT COUNT(*) FROM outbox_failed") != 3 {
+		t.Fatalf("failed purge %d --dry-run: %+v", row, r)
+	}
+	r = ops(t, db, "failed", "purge", fmt.Sprint(row), "--json")
+	var purgedIDs struct {
+		Rows   int `json:"rows"`
+		Purged []struct {
+			RowID     int     `json:"row_id"`
+			MessageID *string `json:"message_id"`
+		} `json:"purged"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &purgedIDs) != nil || purgedIDs.Rows != 1 || purgedIDs.Purged[0].RowID != row ||
+		purgedIDs.Purged[0].MessageID != nil || opsCount(t, db, "SELECT COUNT(*) FROM outbox_failed") != 2 {
+		t.Fatalf("failed purge %d --json: %+v", row, r)
 	}
 
 	// Purge: only failures older than the age, 7d being 7 days.
@@ -349,4 +385,198 @@ func TestCLIFailedRowsSameInBothModes(t *testing.T) {
 	if !strings.Contains(reasons["poll"][1], "exchange not found") {
 		t.Errorf("reason for a missing exchange: %q", reasons["poll"][1])
 	}
+}
+
+// uuidRE finds message ids in the commands' output.
+var uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// publishRaw publishes messages with the given AMQP message ids straight to
+// the broker, as a producer that does not use the outbox might.
+func publishRaw(ctx context.Context, t *testing.T, b *testenv.Broker, key string, ids ...string) {
+	t.Helper()
+	conn, err := amqp.Dial(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if err := ch.PublishWithContext(ctx, b.Exchange, "order.paid", false, false, amqp.Publishing{
+			MessageId: id, Type: "order.paid", ContentType: "application/json", DeliveryMode: amqp.Persistent,
+			Headers: amqp.Table{"x-partition-key": key, "tenant": "t1"}, Body: []byte(`{"payload of":"` + id + `"}`),
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitCount waits until query returns n.
+func waitCount(ctx context.Context, t *testing.T, db *testenv.DB, n int, query string) {
+	t.Helper()
+	for opsCount(t, db, query) != n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: %d, waited for %d: %v", query, opsCount(t, db, query), n, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Messages whose AMQP message ids are a, b, c and d (not UUIDs) reach an
+// inbox consumer, which moves them to outbox_failed (message id zeros).
+// `failed list` names them by row id; `failed show` and `failed retry` take
+// the row id, and refuse the zero message id. d is retried by its row id,
+// then `failed retry --all` puts back the other three: each goes back under
+// a new UUIDv7 the command prints. The relay publishes them with their
+// payloads, headers and partition key, in the order they were retried, and
+// the inbox processes each one: none is lost, none is taken for a
+// duplicate of another.
+func TestCLIFailedRetryWithoutUUID(t *testing.T) {
+	ctx := testenv.Context(t, 2*time.Minute)
+	db := opsDB(t)
+	b := testenv.RabbitMQ(t)
+	inbox := startInboxEffects(ctx, t, db, b, b.Queue)
+	payload := func(id string) string { return `{"payload of":"` + id + `"}` }
+	for i, id := range []string{"a", "b", "c", "d"} {
+		publishRaw(ctx, t, b, "order-1", id)
+		waitCount(ctx, t, db, i+1, "SELECT COUNT(*) FROM outbox_failed") // one at a time: the order they failed in
+	}
+	v := validator.New()
+	stop, err := validator.Consume(ctx, b.URL, b.DeclareQueue(t, "order.#"), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+
+	var list struct {
+		Messages []struct {
+			RowID     uint64  `json:"row_id"`
+			MessageID *string `json:"message_id"`
+		} `json:"messages"`
+	}
+	r := ops(t, db, "failed", "list", "--json")
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &list) != nil || len(list.Messages) != 4 {
+		t.Fatalf("failed list --json: %+v", r)
+	}
+	rowD := list.Messages[0].RowID // newest first
+	for _, m := range list.Messages {
+		if m.MessageID != nil || m.RowID == 0 {
+			t.Fatalf("failed list --json: %s; want row ids and a null message id", r.stdout)
+		}
+	}
+	if r := ops(t, db, "failed", "list"); r.code != 0 || !strings.Contains(r.stdout, "ROW ID") || !strings.Contains(r.stdout, "(not a UUID)") {
+		t.Fatalf("failed list: %+v", r)
+	}
+	if r := ops(t, db, "failed", "show", "00000000-0000-0000-0000-000000000000"); r.code != 2 || !strings.Contains(r.stderr, "row id") {
+		t.Fatalf("failed show of the zero id: %+v; want exit 2 pointing at row ids", r)
+	}
+	if r := ops(t, db, "failed", "show", fmt.Sprint(rowD)); r.code != 0 || !strings.Contains(r.stdout, payload("d")) {
+		t.Fatalf("failed show %d: %+v", rowD, r)
+	}
+	r = ops(t, db, "failed", "retry", fmt.Sprint(rowD))
+	printedD := uuidRE.FindAllString(r.stdout, -1)
+	if r.code != 0 || len(printedD) != 1 {
+		t.Fatalf("failed retry %d: %+v; want the new message id printed", rowD, r)
+	}
+
+	r = ops(t, db, "failed", "retry", "--all")
+	printed := append(printedD, uuidRE.FindAllString(r.stdout, -1)...)
+	got := outboxPayloads(t, db)
+	if r.code != 0 || len(printed) != 4 || len(got) != 4 {
+		t.Fatalf("failed retry --all: %+v\noutbox: %v\nwant a, b and c retried after d, four new ids in all", r, got)
+	}
+	var want []validator.Expected
+	for i, id := range []string{"d", "a", "b", "c"} {
+		mid, err := outbox.ParseMessageID(printed[i])
+		if err != nil || uuid.UUID(mid).Version() != 7 || got[i] != [2]string{printed[i], payload(id)} {
+			t.Fatalf("outbox row %d: %v, printed id %s; want message %s under a new UUIDv7\n%s", i, got[i], printed[i], id, r.stdout)
+		}
+		want = append(want, validator.Expected{ID: mid, PartitionKey: "order-1", Exchange: b.Exchange, RoutingKey: "order.paid",
+			MessageType: "order.paid", ContentType: "application/json", Payload: []byte(got[i][1]), Headers: map[string]any{"tenant": "t1"}})
+	}
+	if len(slices.Compact(sorted(printed))) != 4 {
+		t.Fatalf("the retried messages share an id: %v", printed)
+	}
+	if r := ops(t, db, "failed", "list"); r.code != 0 || !strings.Contains(r.stdout, "no failed messages") {
+		t.Fatalf("failed list after the retry: %+v", r)
+	}
+	v.Expect(want...)
+
+	relay := newRelayProc(t, relayArgs(db, b, "--mode", "poll")...)
+	relay.start()
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for inbox.c.Stats().Processed < 4 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the inbox processed %d of the 4 retried messages: %+v", inbox.c.Stats().Processed, inbox.c.Stats())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if code, _ := relay.terminate(30 * time.Second); code != 0 {
+		t.Fatalf("relay exit code %d", code)
+	}
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	if effects := inboxEffectIDs(t, db); !slices.Equal(effects, sorted(printed)) {
+		t.Fatalf("the inbox ran its handler for %v, want once for each of %v", effects, printed)
+	}
+}
+
+// outboxPayloads returns the outbox's rows in id order: message id, payload.
+func outboxPayloads(t *testing.T, db *testenv.DB) [][2]string {
+	t.Helper()
+	rows, err := db.SQL.Query("SELECT message_id, payload FROM outbox ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out [][2]string
+	for rows.Next() {
+		var raw, payload []byte
+		if err := rows.Scan(&raw, &payload); err != nil {
+			t.Fatal(err)
+		}
+		var id outbox.MessageID
+		copy(id[:], raw)
+		out = append(out, [2]string{id.String(), string(payload)})
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// inboxEffectIDs returns the message ids the inbox consumer's handler ran
+// for (startInboxEffects), sorted.
+func inboxEffectIDs(t *testing.T, db *testenv.DB) []string {
+	t.Helper()
+	rows, err := db.SQL.Query("SELECT message_id FROM inbox_effects ORDER BY message_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
