@@ -157,8 +157,9 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 		waitCtx, cancel := context.WithTimeout(pubCtx, r.cfg.ShutdownTimeout)
 		if err := p.tracker.WaitIdle(waitCtx); err != nil {
 			m, b := p.tracker.Inflight()
-			r.log.Warn("shutdown timeout: unconfirmed messages will be published again on restart",
-				zap.Int("messages", m), zap.Int64("bytes", b))
+			r.log.Warn("stopping (shutdown or pause): in-flight confirms did not arrive within --shutdown-timeout; "+
+				"these unconfirmed messages, and the other messages of their transactions, will be published again when the relay continues",
+				zap.Int("messages", m), zap.Int64("bytes", b), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
 		}
 		cancel()
 	} else {
@@ -305,6 +306,7 @@ func (p *pipeline) sweep(ctx context.Context, d *poller.Poller) (int, error) {
 		return 0, poller.ErrStopped
 	}
 	n, err := d.DrainUntil(ctx, p.stop)
+	cutShort := ctx.Err() != nil // read before leaveTxn, which ends ctx on a stop
 	p.txnMu.Lock()
 	stopping := p.stopping
 	p.txnMu.Unlock()
@@ -318,8 +320,9 @@ func (p *pipeline) sweep(ctx context.Context, d *poller.Poller) (int, error) {
 			"--shutdown-timeout and were rolled back; the messages they published will be published again when the relay continues",
 			zap.Int("messages", cut.Messages), zap.Int("rounds", cut.Rounds), zap.Duration("shutdown_timeout", p.r.cfg.ShutdownTimeout))
 		return n, poller.ErrStopped
-	case err == nil || ctx.Err() != nil:
-		// Done as the stop came, or cut before its rounds had published.
+	case err == nil || errors.Is(err, poller.ErrStopped) || cutShort:
+		// Stopped between rounds, done as the stop came, or cut before
+		// its rounds had published anything.
 		return n, poller.ErrStopped
 	}
 	return n, err
