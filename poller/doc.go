@@ -37,7 +37,12 @@
 //     rolls back. Then COMMIT.
 //
 // Delivery is at-least-once: a crash, a lost connection or a fence failure
-// after step 5 leaves the rows pending, and they are published again.
+// after step 5 leaves the rows pending, and they are published again. So
+// does the end of the caller's context during a round: Run, RunUntil, Drain
+// and DrainUntil report rounds rolled back that way after publishing as a
+// *CutError with the count of their messages. RunUntil and DrainUntil also
+// take a stop channel that ends them between rounds, the rounds under way
+// committing: nothing is published again.
 // Nothing is lost: a row leaves the pending set only in the transaction
 // that committed after its confirm.
 //

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
@@ -82,8 +83,31 @@ func New(db *sql.DB, pub *publish.Publisher, store *checkpoint.Store, epoch int6
 // Config returns the validated configuration.
 func (p *Poller) Config() Config { return p.cfg }
 
-// Run polls with cfg.Workers workers until ctx ends, and returns nil then,
-// or the first fatal error, after stopping every worker: checkpoint.ErrFenced
+// ErrStopped is DrainUntil's error when its stop channel closed before every
+// pending row was delivered: the rounds under way committed, the rest is
+// still pending.
+var ErrStopped = errors.New("poller: drain stopped before every pending row was delivered")
+
+// CutError reports rounds that ctx's end rolled back after they had
+// published messages: the broker has those Messages, their rows are still
+// pending, so they will be published again (at-least-once). It wraps ctx's
+// error: errors.Is(err, context.Canceled) holds for a cancelled ctx.
+type CutError struct {
+	Rounds   int // rounds rolled back after publishing
+	Messages int // messages those rounds had published
+	Err      error
+}
+
+func (e *CutError) Error() string {
+	return fmt.Sprintf("%d poll rounds rolled back after publishing %d messages, which will be published again: %v",
+		e.Rounds, e.Messages, e.Err)
+}
+
+func (e *CutError) Unwrap() error { return e.Err }
+
+// Run polls with cfg.Workers workers until ctx ends, and returns nil then
+// (a *CutError when ctx's end rolled back rounds that had published), or
+// the first fatal error, after stopping every worker: checkpoint.ErrFenced
 // (wrapped; match with errors.Is) when the progress row moved to a newer
 // epoch — leadership is lost and nothing more was acknowledged —,
 // checkpoint.ErrLeaseExpired (wrapped) when cfg.Leading said no after a
@@ -99,11 +123,12 @@ func (p *Poller) Run(ctx context.Context) error { return p.RunUntil(ctx, nil) }
 // RunUntil is Run that also ends, gracefully, when stop is closed: no worker
 // starts another round, and the rounds under way run to their commit (their
 // context is still ctx). Nothing they published is published again, which
-// makes the poll → binlog handover exact. A nil stop never closes.
+// makes the poll → binlog handover exact. A nil stop never closes. Ending
+// ctx as well (a deadline after stop) rolls back the rounds still under way.
 func (p *Poller) RunUntil(ctx context.Context, stop <-chan struct{}) error {
-	_, err := p.workers(ctx, func(ctx context.Context, w *worker) (int, error) { return w.run(ctx, stop) })
+	t, err := p.workers(ctx, func(ctx context.Context, w *worker) (int, error) { return w.run(ctx, stop) })
 	if ctx.Err() != nil && (err == nil || errors.Is(err, ctx.Err())) {
-		return nil
+		return t.cutError(ctx.Err())
 	}
 	return err
 }
@@ -122,9 +147,19 @@ func (p *Poller) RunUntil(ctx context.Context, stop <-chan struct{}) error {
 //
 // Unlike Run, Drain retries only lock conflicts (deadlock, lock wait
 // timeout); it gives up on any other error (ctx's included) and returns it
-// with the count so far. Rows of an abandoned round stay pending.
+// with the count so far. Rows of an abandoned round stay pending; when
+// ctx's end rolled back rounds that had published, the error is a
+// *CutError saying how many messages will be published again.
 // Used for the poll → binlog handover (docs/operations.md, "Modes") and the first start.
-func (p *Poller) Drain(ctx context.Context) (int, error) {
+func (p *Poller) Drain(ctx context.Context) (int, error) { return p.DrainUntil(ctx, nil) }
+
+// DrainUntil is Drain that also ends, gracefully, when stop is closed: no
+// worker starts another round, the rounds under way run to their commit
+// (their context is still ctx), and it returns ErrStopped with the count
+// unless every pending row was delivered by then. Nothing those rounds
+// published is published again. Ending ctx as well (a deadline after stop)
+// rolls back the rounds still under way. A nil stop never closes.
+func (p *Poller) DrainUntil(ctx context.Context, stop <-chan struct{}) (int, error) {
 	var maxID uint64
 	if err := p.db.QueryRowContext(ctx, p.q.maxID()).Scan(&maxID); err != nil {
 		return 0, fmt.Errorf("drain %s: read the largest id: %w", p.cfg.Table, err)
@@ -132,19 +167,50 @@ func (p *Poller) Drain(ctx context.Context) (int, error) {
 	if maxID == 0 {
 		return 0, nil
 	}
-	return p.workers(ctx, func(ctx context.Context, w *worker) (int, error) { return w.drain(ctx, maxID) })
+	var stopped atomic.Bool
+	t, err := p.workers(ctx, func(ctx context.Context, w *worker) (int, error) {
+		n, early, err := w.drain(ctx, stop, maxID)
+		if early {
+			stopped.Store(true)
+		}
+		return n, err
+	})
+	switch {
+	case ctx.Err() != nil && t.cutMessages > 0:
+		return t.rows, t.cutError(ctx.Err())
+	case err != nil:
+		return t.rows, err
+	case stopped.Load():
+		return t.rows, ErrStopped
+	}
+	return t.rows, nil
+}
+
+// tally is what the workers of one Run or Drain did.
+type tally struct {
+	rows                   int // rows acknowledged
+	cutRounds, cutMessages int // rounds ctx's end rolled back after publishing, and their messages
+}
+
+// cutError is nil when no round was cut after publishing, else a *CutError
+// wrapping err (ctx's error).
+func (t tally) cutError(err error) error {
+	if t.cutMessages == 0 {
+		return nil
+	}
+	return &CutError{Rounds: t.cutRounds, Messages: t.cutMessages, Err: err}
 }
 
 // workers runs body on cfg.Workers workers, each with its own publish
 // channel, until all return; the first error cancels the others and is
 // returned with the sum of their counts.
-func (p *Poller) workers(ctx context.Context, body func(context.Context, *worker) (int, error)) (int, error) {
+func (p *Poller) workers(ctx context.Context, body func(context.Context, *worker) (int, error)) (tally, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
-		total    int
+		t        tally
 		firstErr error
 		cur      cursor
 		commits  = newCommits()
@@ -155,7 +221,7 @@ func (p *Poller) workers(ctx context.Context, body func(context.Context, *worker
 		if err != nil {
 			cancel()
 			wg.Wait()
-			return total, fmt.Errorf("poller worker %d: %w", i, err)
+			return t, fmt.Errorf("poller worker %d: %w", i, err)
 		}
 		w.ch = ch
 		wg.Add(1)
@@ -165,7 +231,9 @@ func (p *Poller) workers(ctx context.Context, body func(context.Context, *worker
 			n, err := body(ctx, w)
 			mu.Lock()
 			defer mu.Unlock()
-			total += n
+			t.rows += n
+			t.cutRounds += w.cutRounds
+			t.cutMessages += w.cutMessages
 			if err != nil && firstErr == nil {
 				firstErr = err
 				cancel()
@@ -173,7 +241,7 @@ func (p *Poller) workers(ctx context.Context, body func(context.Context, *worker
 		}()
 	}
 	wg.Wait()
-	return total, firstErr
+	return t, firstErr
 }
 
 // worker owns one publish channel and runs one round at a time on it.
@@ -184,6 +252,33 @@ type worker struct {
 	cur     *cursor  // shared with the call's other workers
 	commits *commits // shared with the call's other workers
 	log     *zap.Logger
+
+	// Rounds ctx's end rolled back after they had published, and their
+	// messages (which will be published again).
+	cutRounds, cutMessages int
+}
+
+// noteCut counts the round that failed with err as cut when it had
+// published messages; called when ctx has ended.
+func (w *worker) noteCut(err error) {
+	if n := published(err); n > 0 {
+		w.cutRounds++
+		w.cutMessages += n
+	}
+}
+
+// untilStop returns ctx also ended when stop closes: it bounds the waits
+// between rounds, never a round itself.
+func untilStop(ctx context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	idle, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-idle.Done():
+		}
+	}()
+	return idle, cancel
 }
 
 // item is a claimed row and, after the flush, its Result.
@@ -205,17 +300,8 @@ func (w *worker) onResult(r publish.Result) {
 // run is one Run worker: rounds until ctx ends, stop closes (between
 // rounds; a round under way still commits) or a fatal error.
 func (w *worker) run(ctx context.Context, stop <-chan struct{}) (int, error) {
-	// idle is ctx, also ended by stop: it bounds the waits between rounds,
-	// never a round itself.
-	idle, cancelIdle := context.WithCancel(ctx)
+	idle, cancelIdle := untilStop(ctx, stop)
 	defer cancelIdle()
-	go func() {
-		select {
-		case <-stop:
-			cancelIdle()
-		case <-idle.Done():
-		}
-	}()
 	total, failures := 0, 0
 	for {
 		if idle.Err() != nil {
@@ -225,6 +311,7 @@ func (w *worker) run(ctx context.Context, stop <-chan struct{}) (int, error) {
 		n, found, err := w.round(ctx, w.cur, 0)
 		total += n
 		if ctx.Err() != nil {
+			w.noteCut(err)
 			return total, nil
 		}
 		switch {
@@ -234,7 +321,7 @@ func (w *worker) run(ctx context.Context, stop <-chan struct{}) (int, error) {
 			failures++
 			wait := backoff.Delay(w.p.cfg.Interval, maxBackoff, failures)
 			w.log.Warn("poll round failed; retrying", zap.Error(err), zap.Int("failures", failures),
-				zap.Duration("retry_in", wait))
+				zap.Int("published_again", published(err)), zap.Duration("retry_in", wait))
 			if !backoff.Sleep(idle, wait) {
 				return total, nil
 			}
@@ -256,30 +343,46 @@ func (w *worker) run(ctx context.Context, stop <-chan struct{}) (int, error) {
 	}
 }
 
-// drain is one Drain worker.
-func (w *worker) drain(ctx context.Context, maxID uint64) (int, error) {
-	total, conflicts := 0, 0
+// drain is one Drain worker: rounds until no pending due row up to maxID is
+// left, an error, or stop closes (between rounds: early is true then).
+func (w *worker) drain(ctx context.Context, stop <-chan struct{}, maxID uint64) (total int, early bool, err error) {
+	idle, cancelIdle := untilStop(ctx, stop)
+	defer cancelIdle()
+	// interrupted is the result when a wait between rounds was cut short.
+	interrupted := func() (int, bool, error) {
+		if ctx.Err() != nil {
+			return total, false, ctx.Err()
+		}
+		return total, true, nil
+	}
+	conflicts := 0
 	for {
+		if idle.Err() != nil {
+			return interrupted()
+		}
 		commit := w.commits.next()
 		n, found, err := w.round(ctx, w.cur, maxID)
 		total += n
 		if err != nil && lockConflict(err) && ctx.Err() == nil {
 			conflicts++
 			w.log.Info("drain round hit a lock conflict; retrying", zap.Error(err))
-			if !backoff.Sleep(ctx, backoff.Delay(w.p.cfg.Interval, maxBackoff, conflicts)) {
-				return total, ctx.Err()
+			if !backoff.Sleep(idle, backoff.Delay(w.p.cfg.Interval, maxBackoff, conflicts)) {
+				return interrupted()
 			}
 			continue
 		}
 		if err != nil {
-			return total, err
+			if ctx.Err() != nil {
+				w.noteCut(err)
+			}
+			return total, false, err
 		}
 		conflicts = 0
 		if !found {
-			return total, nil
+			return total, false, nil
 		}
-		if n == 0 && !waitCommit(ctx, commit, w.p.cfg.Interval) {
-			return total, ctx.Err()
+		if n == 0 && !waitCommit(idle, commit, w.p.cfg.Interval) {
+			return interrupted()
 		}
 	}
 }
@@ -448,13 +551,13 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	if err := p.ack(fctx, tx, recs, failed); err != nil {
-		return 0, true, err
+		return 0, true, afterPublish(confirmed(items), err)
 	}
 	if err := fence(fctx, tx, p.relayName, p.epoch); err != nil {
-		return 0, true, err
+		return 0, true, afterPublish(confirmed(items), err)
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, true, fmt.Errorf("commit poll round of %d rows: %w", len(recs), err)
+		return 0, true, afterPublish(confirmed(items), fmt.Errorf("commit poll round of %d rows: %w", len(recs), err))
 	}
 	committed = true
 	p.observe(items, true, len(failed))
@@ -536,10 +639,12 @@ func followers(ctx context.Context, tx *sql.Tx, q queries, heads []*outbox.Recor
 // publish sends recs in order on the worker's channel and waits until every
 // one has its Result. A row FromRecord or Publish refuses is not sent and
 // gets bad set instead. An error means the round must be abandoned: ctx
-// ended or the publisher is closed; Results are unknown then.
+// ended or the publisher is closed; Results are unknown then, and the error
+// says how many messages were sent (published).
 func (w *worker) publish(ctx context.Context, recs []*outbox.Record) ([]*item, error) {
 	p := w.p
 	items := make([]*item, len(recs))
+	sent := 0
 	for i, rec := range recs {
 		it := &item{rec: rec}
 		items[i] = it
@@ -554,13 +659,56 @@ func (w *worker) publish(ctx context.Context, recs []*outbox.Record) ([]*item, e
 		case errors.As(err, &bad):
 			it.bad = bad.Reason
 		case err != nil:
-			return nil, fmt.Errorf("publish row %d: %w", rec.ID, err)
+			return nil, afterPublish(sent, fmt.Errorf("publish row %d: %w", rec.ID, err))
+		default:
+			sent++
 		}
 	}
 	if err := w.ch.Flush(ctx); err != nil {
-		return nil, fmt.Errorf("wait for the broker's confirms of %d rows: %w", len(recs), err)
+		return nil, afterPublish(sent, fmt.Errorf("wait for the broker's confirms of %d rows: %w", len(recs), err))
 	}
 	return items, nil
+}
+
+// publishedError is the error of a round abandoned after it had published
+// messages: their rows stay pending, so they will be published again.
+type publishedError struct {
+	messages int
+	err      error
+}
+
+func (e *publishedError) Error() string { return e.err.Error() }
+func (e *publishedError) Unwrap() error { return e.err }
+
+// afterPublish wraps err, the error of a round that had published n
+// messages, so that published tells n.
+func afterPublish(n int, err error) error {
+	if n == 0 {
+		return err
+	}
+	return &publishedError{messages: n, err: err}
+}
+
+// published is how many messages the round that failed with err had
+// published: 0 when none, or err is nil.
+func published(err error) int {
+	var pe *publishedError
+	if errors.As(err, &pe) {
+		return pe.messages
+	}
+	return 0
+}
+
+// confirmed is how many of a flushed round's messages the broker confirmed
+// (the ones on a queue: returned or rejected ones are not).
+func confirmed(items []*item) int {
+	n := 0
+	for _, it := range items {
+		if it.bad == "" && it.res.Outcome == publish.Confirmed {
+			n++
+		}
+	}
+	return n
 }
 
 // observe feeds a round's outcomes to the metrics.

@@ -1,6 +1,7 @@
 package poller_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
@@ -368,5 +369,113 @@ func TestUndeliverableRowsGoToFailed(t *testing.T) {
 	}
 	if len(failed) != 2 || failed[0] != "nowhere" || failed[1] != "c" {
 		t.Fatalf("outbox_failed holds %v, want [nowhere c]", failed)
+	}
+}
+
+// DrainUntil, with stop closed once 1,000 of 10,000 pending messages have
+// arrived, ends between rounds with ErrStopped: the rounds under way commit,
+// so every message that arrived has its row acknowledged. A second drain
+// delivers the rest: each message exactly once, in order per partition.
+func TestDrainUntilStopsBetweenRounds(t *testing.T) {
+	e := setup(t, checkpoint.Delete)
+	v := consume(t, e.broker)
+	ctx := testenv.Context(t, 2*time.Minute)
+	produce(ctx, t, e, v, load{producers: 4, partitions: 200, total: 10_000, bigTxn: 500, bigShare: 0.5})
+
+	stop := make(chan struct{})
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := e.poller(t, nil).DrainUntil(ctx, stop)
+		done <- result{n, err}
+	}()
+	waitDelivered(ctx, t, v, 1_000)
+	close(stop)
+	r := <-done
+	if !errors.Is(r.err, poller.ErrStopped) || r.n >= 10_000 {
+		t.Fatalf("DrainUntil after stop: %d rows, %v; want fewer than 10000 and ErrStopped", r.n, r.err)
+	}
+	// Nothing publishes now: what arrived was acknowledged.
+	left := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox")
+	waitFor(ctx, t, func() bool { return v.Missing() <= left })
+	if left != v.Missing() || left != 10_000-r.n {
+		t.Fatalf("stopped after %d rows: %d rows left, %d messages not delivered", r.n, left, v.Missing())
+	}
+
+	if n, err := e.poller(t, nil).Drain(ctx); err != nil || n != left {
+		t.Fatalf("second Drain: %d, %v; want %d", n, err, left)
+	}
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A drain whose context ends while its rounds publish rolls them back and
+// says how many messages they had published (*CutError): a second drain
+// publishes again at most that many messages that had arrived.
+func TestDrainCutByContextCountsRepeats(t *testing.T) {
+	e := setup(t, checkpoint.Delete)
+	v := consume(t, e.broker)
+	ctx := testenv.Context(t, 2*time.Minute)
+	produce(ctx, t, e, v, load{producers: 4, partitions: 200, total: 10_000, bigTxn: 500, bigShare: 0.5})
+
+	drainCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.poller(t, nil).Drain(drainCtx)
+		done <- err
+	}()
+	waitDelivered(ctx, t, v, 1_000)
+	cancel()
+	err := <-done
+	said := 0
+	var cut *poller.CutError
+	switch {
+	case errors.As(err, &cut):
+		said = cut.Messages
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("CutError %v does not wrap context.Canceled", err)
+		}
+	case !errors.Is(err, context.Canceled):
+		t.Fatalf("Drain after cancel: %v; want context.Canceled or a *CutError", err)
+	}
+
+	if _, err := e.poller(t, nil).Drain(ctx); err != nil {
+		t.Fatalf("second Drain: %v", err)
+	}
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Check(validator.AtLeastOnce); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cut: %v; %d messages said to be published again, %d duplicate deliveries", err, said, v.Duplicates())
+	if d := v.Duplicates(); d > said {
+		t.Fatalf("%d duplicate deliveries, the cut said %d messages would be published again", d, said)
+	}
+}
+
+// waitDelivered waits until v has seen n distinct messages.
+func waitDelivered(ctx context.Context, t *testing.T, v *validator.Validator, n int) {
+	t.Helper()
+	waitFor(ctx, t, func() bool { return v.Received()-v.Duplicates() >= n })
+}
+
+// waitFor waits until cond holds, failing the test when ctx ends first.
+func waitFor(ctx context.Context, t *testing.T, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("condition not met: %v", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }

@@ -39,7 +39,7 @@ type Config struct {
 	LeaderLease        time.Duration // a leader without a heartbeat this long is taken over by a standby; default 10s (or 5 heartbeats if longer), at least 3 heartbeats
 	CheckpointInterval time.Duration // how often an idle relay moves its position past foreign transactions; default 30s
 	StandbyRetry       time.Duration // how often a standby tries to take leadership; default 5s
-	ShutdownTimeout    time.Duration // how long SIGTERM waits for in-flight confirms; default 30s
+	ShutdownTimeout    time.Duration // how long a stop (shutdown, pause) waits for the work under way; default 30s
 
 	Instance string // leader_instance; default host:pid
 	Logger   *zap.Logger

@@ -241,18 +241,8 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 	for {
 		select {
 		case <-ctx.Done():
-			close(stop)
-			t := time.NewTimer(r.cfg.ShutdownTimeout)
-			defer t.Stop()
-			select {
-			case err := <-done:
-				if err != nil && !errors.Is(err, context.Canceled) {
-					return nil, err
-				}
-			case <-t.C:
-				r.log.Warn("shutdown timeout: poll rounds under way are rolled back; their rows will be published again")
-				cancel()
-				<-done
+			if err := r.stopRounds(ctx, stop, done, cancel); err != nil && !errors.Is(err, context.Canceled) {
+				return nil, err
 			}
 			return nil, nil
 		case err := <-done:
@@ -267,8 +257,7 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 			}
 			// Let the rounds under way commit: what they published must
 			// not be published again by the handover's drain.
-			close(stop)
-			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			if err := r.stopRounds(ctx, stop, done, cancel); err != nil && !errors.Is(err, context.Canceled) {
 				return nil, err
 			}
 			if lost := leader.Err(); lost != nil {
@@ -280,6 +269,38 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 			return &modeSwitch{to: ModeBinlog, reason: "the binlog is readable again"}, nil
 		}
 	}
+}
+
+// stopRounds closes stop and waits until the poller (RunUntil, ending on
+// done) has let its rounds under way commit, so nothing they published is
+// published again. Once ctx has ended (a shutdown or a pause) it waits at
+// most --shutdown-timeout, then cuts the rounds (cancel ends the poller's
+// context, which rolls them back) and logs at WARN how many messages they
+// had published: those will be published again. It returns the poller's
+// error, nil after a cut.
+func (r *Relay) stopRounds(ctx context.Context, stop chan<- struct{}, done <-chan error, cancel context.CancelFunc) error {
+	close(stop)
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(r.cfg.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+	}
+	cancel()
+	var cut *poller.CutError
+	if !errors.As(<-done, &cut) {
+		cut = &poller.CutError{}
+	}
+	r.log.Warn("stopping (shutdown or pause): poll rounds under way did not finish within --shutdown-timeout "+
+		"and were rolled back; the messages they published will be published again when the relay continues",
+		zap.Int("messages", cut.Messages), zap.Int("rounds", cut.Rounds), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
+	return nil
 }
 
 func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {

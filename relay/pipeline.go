@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/ordering"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/position"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -43,13 +45,18 @@ type pipeline struct {
 
 	lastHeadroom time.Time // acker goroutine only
 
-	// Shutdown stops reading at a transaction boundary: a transaction whose
-	// rows were handed to lanes is read to its end first, so a clean stop
-	// leaves none half published (its rows would be published again).
+	// Shutdown (or a pause) stops reading at a transaction boundary: a
+	// transaction whose rows were handed to lanes is read to its end first,
+	// so a clean stop leaves none half published (its rows would be
+	// published again). The delivery of pending rows before tailing (the
+	// sweep) counts as one transaction: it stops between poll rounds.
 	txnMu      sync.Mutex
-	inTxn      bool // rows of the transaction being read were handed over
+	inTxn      bool // rows of the transaction being read were handed over, or the sweep runs
+	sweeping   bool // the sweep runs (inTxn is set too)
 	stopping   bool
+	stop       chan struct{} // closed when stopping begins
 	cancelRead context.CancelFunc
+	txnRows    atomic.Int64 // rows of the transaction being read handed to lanes
 }
 
 type laneItem struct {
@@ -98,7 +105,7 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 		r: r, leader: leader, epoch: leader.Epoch(), publisher: publisher,
 		tracker: ordering.New[position.Position](r.cfg.MaxInflightBytes),
 		lanes:   ordering.NewLanes(r.cfg.Lanes),
-		lastAck: time.Now(), cancelRead: cancelRead,
+		lastAck: time.Now(), cancelRead: cancelRead, stop: make(chan struct{}),
 	}
 	p.mode.Store("binlog")
 	p.delayed = make(chan struct{}, 1)
@@ -150,8 +157,9 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 		waitCtx, cancel := context.WithTimeout(pubCtx, r.cfg.ShutdownTimeout)
 		if err := p.tracker.WaitIdle(waitCtx); err != nil {
 			m, b := p.tracker.Inflight()
-			r.log.Warn("shutdown timeout: unconfirmed messages will be published again on restart",
-				zap.Int("messages", m), zap.Int64("bytes", b))
+			r.log.Warn("stopping (shutdown or pause): in-flight confirms did not arrive within --shutdown-timeout; "+
+				"these unconfirmed messages, and the other messages of their transactions, will be published again when the relay continues",
+				zap.Int("messages", m), zap.Int64("bytes", b), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
 		}
 		cancel()
 	} else {
@@ -238,8 +246,11 @@ func (p *pipeline) runLane(ctx context.Context, i int) error {
 	return nil
 }
 
-// stopReading ends reading when ctx ends: at once between transactions,
-// else when the transaction being read commits, or after ShutdownTimeout.
+// stopReading ends reading when ctx ends (a shutdown or a pause): at once
+// between transactions, else when the transaction being read commits or
+// the sweep's rounds under way have committed (stop tells the sweep), or
+// after ShutdownTimeout: then the cut is logged at WARN with how many
+// messages will be published again.
 func (p *pipeline) stopReading(ctx, readCtx context.Context) {
 	select {
 	case <-ctx.Done():
@@ -248,6 +259,7 @@ func (p *pipeline) stopReading(ctx, readCtx context.Context) {
 	}
 	p.txnMu.Lock()
 	p.stopping = true
+	close(p.stop)
 	now := !p.inTxn
 	p.txnMu.Unlock()
 	if now {
@@ -258,11 +270,65 @@ func (p *pipeline) stopReading(ctx, readCtx context.Context) {
 	defer t.Stop()
 	select {
 	case <-t.C:
-		p.r.log.Warn("shutdown: the transaction being read did not end within the shutdown timeout; " +
-			"its rows published so far will be published again on restart")
+		p.txnMu.Lock()
+		sweeping := p.sweeping
+		p.txnMu.Unlock()
+		if !sweeping { // the sweep logs its own cut, with the count of its rounds
+			p.r.log.Warn("stopping (shutdown or pause): the transaction being read did not end within --shutdown-timeout; "+
+				"reading stops now, and the messages of its rows published so far will be published again when reading resumes",
+				zap.Int64("messages", p.txnRows.Load()), zap.Duration("shutdown_timeout", p.r.cfg.ShutdownTimeout))
+		}
 		p.cancelRead()
 	case <-readCtx.Done():
 	}
+}
+
+// enterSweep is called before the sweep; false when shutdown has begun
+// (reading has been stopped). leaveTxn ends it.
+func (p *pipeline) enterSweep() bool {
+	p.txnMu.Lock()
+	defer p.txnMu.Unlock()
+	if p.stopping {
+		return false
+	}
+	p.inTxn, p.sweeping = true, true
+	return true
+}
+
+// sweep delivers the rows pending before tailing with d (the sweep of the
+// poll → binlog handover and of the first start). A shutdown or a pause
+// (stopReading) ends it between poll rounds: the rounds under way publish,
+// get their confirms and commit, so nothing is published twice, and it
+// returns poller.ErrStopped unless every pending row was delivered. Rounds
+// still under way after --shutdown-timeout are cut (rolled back): that is
+// logged at WARN with how many messages they had published, which will be
+// published again, and it returns poller.ErrStopped too.
+func (p *pipeline) sweep(ctx context.Context, d *poller.Poller) (int, error) {
+	if !p.enterSweep() {
+		p.cancelRead()
+		return 0, poller.ErrStopped
+	}
+	n, err := d.DrainUntil(ctx, p.stop)
+	cutShort := ctx.Err() != nil // read before leaveTxn, which ends ctx on a stop
+	p.txnMu.Lock()
+	stopping := p.stopping
+	p.txnMu.Unlock()
+	p.leaveTxn()
+	var cut *poller.CutError
+	switch {
+	case !stopping || p.leader.Err() != nil:
+		return n, err
+	case errors.As(err, &cut):
+		p.r.log.Warn("stopping (shutdown or pause): the rounds delivering pending rows did not finish within "+
+			"--shutdown-timeout and were rolled back; the messages they published will be published again when the relay continues",
+			zap.Int("messages", cut.Messages), zap.Int("rounds", cut.Rounds), zap.Duration("shutdown_timeout", p.r.cfg.ShutdownTimeout))
+		return n, poller.ErrStopped
+	case err == nil || errors.Is(err, poller.ErrStopped) || cutShort:
+		// Stopped between rounds, done as the stop came, or cut before
+		// its rounds had published anything.
+		return n, poller.ErrStopped
+	}
+	return n, err
 }
 
 // enterTxn is called for each row read; false when shutdown has begun
@@ -277,11 +343,13 @@ func (p *pipeline) enterTxn() bool {
 	return true
 }
 
-// leaveTxn is called after each transaction; on shutdown it stops reading.
+// leaveTxn is called after each transaction and after the sweep; on
+// shutdown it stops reading.
 func (p *pipeline) leaveTxn() {
 	p.txnMu.Lock()
 	stop := p.stopping
-	p.inTxn = false
+	p.inTxn, p.sweeping = false, false
+	p.txnRows.Store(0)
 	p.txnMu.Unlock()
 	if stop {
 		p.cancelRead()
@@ -308,6 +376,7 @@ func (p *pipeline) dispatch(ctx context.Context, rec *outbox.Record) error {
 	msg.Size = rec.Size()
 	select {
 	case p.queues[p.lanes.For(rec.PartitionKey)] <- &laneItem{tk: tk, msg: msg}:
+		p.txnRows.Add(1)
 		return nil
 	case <-ctx.Done():
 		// Never handed to a lane, so never published: abandon its ticket

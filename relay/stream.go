@@ -11,6 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/position"
 )
 
@@ -63,7 +64,12 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		if err != nil {
 			return err
 		}
-		swept, err := drainer.Drain(ctx)
+		swept, err := p.sweep(ctx, drainer)
+		if errors.Is(err, poller.ErrStopped) {
+			r.log.Info("stopped delivering the rows pending before the binlog (the sweep); the rest is delivered when the relay resumes or restarts",
+				zap.Int("rows", swept))
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("deliver pending rows before tailing: %w", err)
 		}

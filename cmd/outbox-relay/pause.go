@@ -17,12 +17,14 @@ func init() {
 		name:    "pause",
 		summary: "pause a relay: its leader stops reading and publishing, keeping leadership",
 		help: `Sets --relay-name's status to PAUSED and wakes its leader, which stops within
-a second: binlog mode stops reading at a transaction boundary, poll mode after
-the rounds under way, and everything already published is confirmed and
-acknowledged, so the stored checkpoint is exactly where it stopped. The
-leader keeps its lock and heartbeat (no standby takes over) and reads
-nothing further until 'outbox-relay resume'. A relay paused with no leader
-running starts paused.
+a second: binlog mode stops reading at a transaction boundary, poll mode (and
+the delivery of the rows pending at a start) after the rounds under way, and
+everything already published is confirmed and acknowledged, so the stored
+checkpoint is exactly where it stopped. Work under way that outlasts the
+leader's --shutdown-timeout is cut: the leader logs at WARN how many messages
+will be published again after resume. The leader keeps its lock and heartbeat
+(no standby takes over) and reads nothing further until 'outbox-relay
+resume'. A relay paused with no leader running starts paused.
 
 pause waits until the leader has stopped (at most --wait) and prints the
 checkpoint it stopped at; then 'checkpoint set' may move it. Waking the

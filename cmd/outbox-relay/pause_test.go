@@ -2,10 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
@@ -205,4 +210,188 @@ func TestCLIPauseWithoutLeader(t *testing.T) {
 	if code, _ := p.terminate(30 * time.Second); code != 0 {
 		t.Errorf("SIGTERM: exit code %d", code)
 	}
+}
+
+// A pause and a SIGTERM while a fresh relay delivers the rows pending at its
+// first start (the sweep before it tails the binlog) each let the poll rounds
+// under way finish: what they published is acknowledged, so neither repeats
+// anything. 30,000 rows pending; pause once 2,000 have arrived; resume;
+// SIGTERM after 5,000 more; start again: every message exactly once, in
+// order per partition key.
+func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
+	const total = 30_000
+	ctx := testenv.Context(t, 5*time.Minute)
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	migrate(t, db.DSN)
+	v := consumeAll(t, b)
+	testload.Produce(ctx, t, db.SQL, v, testload.Load{
+		Producers: 4, Partitions: 200, Total: total, BigTxn: 500, BigShare: 0.5, Exchange: b.Exchange,
+	})
+	p := newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
+	p.start()
+	// inSweep fails the test when the relay has finished the sweep: a stop
+	// after it proves nothing here.
+	inSweep := func(what string) {
+		t.Helper()
+		if strings.Contains(p.output(), "delivered pending rows before tailing") || unique(v) >= total {
+			t.Fatalf("%s came after the first start's sweep (%d messages arrived): it proves nothing", what, unique(v))
+		}
+	}
+
+	waitUnique(ctx, t, v, p, 2_000)
+	r := ops(t, db, "pause", "--leader-lease", testLease.String())
+	if r.code != 0 || !strings.Contains(r.stdout, "stopped at checkpoint") {
+		t.Fatalf("pause: %+v", r)
+	}
+	inSweep("the pause")
+	checkAcknowledged(ctx, t, db, v, "the pause")
+	at := unique(v)
+	if r := ops(t, db, "resume", "--leader-lease", testLease.String()); r.code != 0 {
+		t.Fatalf("resume: %+v", r)
+	}
+	waitUnique(ctx, t, v, p, at+5_000)
+	if code, _ := p.terminate(time.Minute); code != 0 {
+		t.Fatalf("SIGTERM: exit code %d", code)
+	}
+	inSweep("SIGTERM")
+	checkAcknowledged(ctx, t, db, v, "SIGTERM")
+
+	p.start()
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox", 0)
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := p.terminate(time.Minute); code != 0 {
+		t.Errorf("SIGTERM at the end: exit code %d", code)
+	}
+}
+
+// A stop whose work under way outlasts --shutdown-timeout (the broker stops
+// answering through a fault proxy) cuts it, and the relay says so at WARN
+// with how many messages will be published again: after a restart every
+// message has arrived, in order per partition key, and fewer messages than
+// it said arrived twice. Cut are the poll rounds of the first start's sweep,
+// and a 20,000-row transaction being read in binlog mode.
+func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
+	for _, tc := range []struct {
+		name, warn string
+		pending    bool // the rows are pending at the first start, else one transaction written while tailing
+	}{
+		{"sweep", "the rounds delivering pending rows did not finish within --shutdown-timeout", true},
+		{"transaction", "the transaction being read did not end within --shutdown-timeout", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const total = 20_000
+			ctx := testenv.Context(t, 4*time.Minute)
+			db := testenv.MySQL(t)
+			b := testenv.RabbitMQ(t)
+			migrate(t, db.DSN)
+			v := consumeAll(t, b) // on the broker itself: only the relay's connections stall
+			proxy, proxied := brokerProxy(t, b)
+			load := testload.Load{Producers: 1, Partitions: 50, Total: total, BigTxn: total, BigShare: 1, Exchange: b.Exchange}
+			if tc.pending {
+				load = testload.Load{Producers: 4, Partitions: 200, Total: total, BigTxn: 500, BigShare: 0.5, Exchange: b.Exchange}
+				testload.Produce(ctx, t, db.SQL, v, load)
+			}
+			p := newRelayProc(t, relayArgs(db, b, append(leaderFlags(),
+				"--amqp-url", proxied, "--shutdown-timeout", "2s")...)...)
+			p.start()
+			if !tc.pending {
+				// A checkpoint stored before the transaction: the restart
+				// tails from it (a first start would deliver only the rows
+				// still pending).
+				testload.Produce(ctx, t, db.SQL, v, testload.Load{Producers: 1, Partitions: 1, Total: 1, Exchange: b.Exchange, PartitionOffset: 50})
+				testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox_relay_progress WHERE gtid_set <> ''", 1)
+				testload.Produce(ctx, t, db.SQL, v, load)
+			}
+			waitUnique(ctx, t, v, p, 1_000)
+			proxy.Stall()
+			p.signal(syscall.SIGTERM)
+			p.waitLog(ctx, tc.warn)
+			proxy.Unstall() // lets the exit close its broker connections
+			if code, ok := p.wait(time.Minute); !ok || code != 0 {
+				t.Fatalf("after SIGTERM: exit code %d, exited %v", code, ok)
+			}
+			said := warnedMessages(t, p.output(), tc.warn)
+			if said == 0 {
+				t.Fatalf("the cut work had published nothing: the test proves nothing")
+			}
+			if unique(v) >= total {
+				t.Fatalf("the stop came after every message arrived: it proves nothing")
+			}
+
+			p.start()
+			if err := v.WaitComplete(ctx); err != nil {
+				t.Fatal(err)
+			}
+			testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox", 0)
+			if err := v.Check(validator.AtLeastOnce); err != nil {
+				t.Fatal(err)
+			}
+			repeated := repeatedMessages(v)
+			t.Logf("the relay said %d messages would be published again; %d were", said, repeated)
+			if repeated > said {
+				t.Errorf("%d messages arrived twice, the relay said %d would", repeated, said)
+			}
+			if code, _ := p.terminate(time.Minute); code != 0 {
+				t.Errorf("SIGTERM at the end: exit code %d", code)
+			}
+		})
+	}
+}
+
+// warnedMessages is the "messages" field of the relay's log line with msg.
+func warnedMessages(t *testing.T, out, msg string) int {
+	t.Helper()
+	line := grepLines(out, msg)
+	if i := strings.IndexByte(line, '\n'); i >= 0 {
+		line = line[:i]
+	}
+	var fields struct {
+		Messages *int `json:"messages"`
+	}
+	j := strings.LastIndexByte(line, '\t')
+	if j < 0 || json.Unmarshal([]byte(line[j+1:]), &fields) != nil || fields.Messages == nil {
+		t.Fatalf("no messages count in the log line %q", line)
+	}
+	return *fields.Messages
+}
+
+// repeatedMessages is how many distinct messages v received more than once.
+func repeatedMessages(v *validator.Validator) int {
+	seen := map[string]int{}
+	for _, d := range v.Deliveries() {
+		seen[d.MessageId]++
+	}
+	n := 0
+	for _, c := range seen {
+		if c > 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// brokerProxy puts a fault proxy in front of b and returns it with b's URL
+// through it.
+func brokerProxy(t *testing.T, b *testenv.Broker) (*testenv.FaultProxy, string) {
+	t.Helper()
+	u, err := amqp.ParseURI(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.Proxy(t, net.JoinHostPort(u.Host, strconv.Itoa(u.Port)))
+	host, port, err := net.SplitHostPort(proxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = host
+	if u.Port, err = strconv.Atoi(port); err != nil {
+		t.Fatal(err)
+	}
+	return proxy, u.String()
 }

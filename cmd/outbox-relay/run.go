@@ -30,8 +30,10 @@ server (binlog on, ROW format, FULL row image and metadata, replication grants,
 unique --server-id), delivers the rows already pending, then tails the binlog
 and publishes every committed outbox row with publisher confirms, in commit
 order per partition key. The acknowledged position is stored in
-outbox_relay_progress in the same database. SIGTERM or Ctrl-C: stop reading,
-wait for in-flight confirms (--shutdown-timeout), acknowledge, exit 0.
+outbox_relay_progress in the same database. SIGTERM or Ctrl-C: stop reading
+at a transaction boundary (or once the poll rounds under way have committed),
+wait for in-flight confirms, acknowledge, exit 0; --shutdown-timeout bounds
+it, and what it cuts is logged with the messages that will be published again.
 With --mode auto (the default) a server that cannot serve the binlog (binlog
 off, grants missing, checkpoint purged) is polled with FOR UPDATE SKIP LOCKED
 instead, and the binlog is probed again every --binlog-retry-interval; the
@@ -65,7 +67,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", 30*time.Second, "how often an idle relay moves its stored position past other tables' transactions")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 2*time.Second, "leadership heartbeat")
 	fs.DurationVar(&cfg.LeaderLease, "leader-lease", 10*time.Second, "a leader whose heartbeat is older than this is taken over by a standby; at least 3 heartbeat intervals")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown waits for in-flight confirms")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a stop (SIGTERM, pause) waits for the work under way (the transaction being read, poll rounds, in-flight confirms) before cutting it; a cut is logged with the messages that will be published again")
 	fs.BoolVar(&cfg.AcceptLostGTIDs, "accept-lost-gtids", false, "resume on a server that lacks GTIDs this relay already published (a lossy failover): deliver what is pending there and tail from its own position")
 	fs.StringVar(&cfg.StateFile, "state-file", "", "`path` of a local file keeping the newest position this process published, so that a restarted process still detects a lossy failover (empty: memory only; one file per relay name)")
 	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")

@@ -303,6 +303,24 @@ func waitUnique(ctx context.Context, t *testing.T, v *validator.Validator, p *re
 	}
 }
 
+// checkAcknowledged checks, while no relay publishes (stopped, or paused),
+// that everything published was acknowledged: what the relay confirmed
+// reaches the consumer within moments, and then every row left in the
+// outbox must be one not delivered. after names the stop, for the messages.
+func checkAcknowledged(ctx context.Context, t *testing.T, db *testenv.DB, v *validator.Validator, after string) {
+	t.Helper()
+	left := outboxRows(ctx, t, db)
+	deadline := time.Now().Add(10 * time.Second)
+	for v.Missing() != left && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if missing := v.Missing(); missing != left {
+		t.Errorf("after %s %d rows are left in the outbox but %d messages were not delivered: "+
+			"%d delivered messages were not acknowledged (they will be published again)", after, left, missing, left-missing)
+	}
+	t.Logf("after %s: %d rows left, %d messages undelivered", after, left, v.Missing())
+}
+
 func outboxRows(ctx context.Context, t *testing.T, db *testenv.DB) int {
 	t.Helper()
 	var n int
@@ -466,18 +484,7 @@ func TestRunSIGTERMIsClean(t *testing.T) {
 		t.Fatalf("SIGTERM came after the stream was delivered: it proved nothing")
 	}
 
-	// Nothing runs now: what the relay confirmed reaches the consumer
-	// within moments, and then every row left must be one not delivered.
-	left := outboxRows(ctx, t, db)
-	deadline := time.Now().Add(10 * time.Second)
-	for v.Missing() != left && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if missing := v.Missing(); missing != left {
-		t.Errorf("after a clean shutdown %d rows are left in the outbox but %d messages were not delivered: "+
-			"%d delivered messages were not acknowledged (they will be published again)", left, missing, left-missing)
-	}
-	t.Logf("after the shutdown: %d rows left, %d messages undelivered", left, v.Missing())
+	checkAcknowledged(ctx, t, db, v, "a clean shutdown")
 
 	relay.start()
 	waitCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
