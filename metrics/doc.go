@@ -21,11 +21,11 @@
 //	outbox_relay_paused                               gauge  1 while this instance leads a paused relay and has stopped for it
 //	outbox_relay_paused_seconds                       gauge  how long this instance has held the pause; 0 when not paused
 //
-// Every series means the same in binlog and poll mode. The leader sets
-// lag_seconds and pending_rows from one bounded statement on the outbox
-// table (the relay's package counts; SetLag, SetPendingRows), every few
-// seconds while a backlog may exist, also while paused; a standby reports
-// 0 for both. The in-flight series are the binlog pipeline's share
+// Every series means the same in binlog and poll mode. The relay package's
+// leader counts the backlog with one bounded statement on the outbox table
+// every few seconds while a backlog may exist, also while paused, and sets
+// lag_seconds and pending_rows from it (SetLag, SetPendingRows); a standby
+// reports 0 for both. The in-flight series are the binlog pipeline's share
 // (SetInflight) plus the poll rounds' (AddInflight): a poll round's messages
 // count from their publication until the broker answered them all, its bytes
 // until its transaction ends.
