@@ -14,6 +14,12 @@ import (
 // Namespace prefixes every metric name: outbox_relay_….
 const Namespace = "outbox_relay"
 
+// PendingRowsCap is where the leader's count of outbox_relay_pending_rows
+// stops, so one count reads a bounded number of index entries however long
+// the backlog: the gauge reads PendingRowsCap for any larger backlog
+// (`outbox-relay status` counts them all).
+const PendingRowsCap = 100_000
+
 // Values of the mode label of outbox_relay_mode (the relay's modes).
 const (
 	ModeBinlog = "binlog"
@@ -75,8 +81,8 @@ type Metrics struct {
 	publishFailures   *prometheus.CounterVec
 	deliveryLatency   prometheus.Histogram
 	lag               prometheus.Gauge
-	inflightMessages  prometheus.Gauge
-	inflightBytes     prometheus.Gauge
+	inflightMessages  prometheus.GaugeFunc
+	inflightBytes     prometheus.GaugeFunc
 	pendingRows       prometheus.Gauge
 	reconnects        *prometheus.CounterVec
 	failedMessages    prometheus.Counter
@@ -85,8 +91,15 @@ type Metrics struct {
 	pausedSeconds     prometheus.GaugeFunc
 	pausedSince       atomic.Int64 // unix nanoseconds of the pause this process holds; 0 when none
 
+	// The in-flight series are the sum of two shares: the binlog
+	// pipeline's totals (SetInflight) and the poll rounds' running count
+	// (AddInflight). Both may be non-zero at once: binlog mode runs poll
+	// rounds for its first-start sweep and its delayed rows.
+	setMessages, setBytes atomic.Int64
+	addMessages, addBytes atomic.Int64
+
 	modeMu sync.Mutex       // makes SetMode's switch of the two series atomic to scrapers
-	now    func() time.Time // the clock of SetLag; time.Now outside tests
+	now    func() time.Time // the clock of paused_seconds; time.Now outside tests
 }
 
 // New creates the relay's metrics and registers them with reg. A nil reg
@@ -120,19 +133,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		lag: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "lag_seconds",
-			Help: "While rows are pending: now minus created_at of the newest acknowledged row. 0 when caught up.",
-		}),
-		inflightMessages: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "inflight_messages",
-			Help: "Messages read and not yet confirmed by the broker.",
-		}),
-		inflightBytes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "inflight_bytes",
-			Help: "Bytes of the messages read and not yet acknowledged in the database (bounded by --max-inflight-bytes).",
+			Help: "How long the oldest row still to be delivered has been due (since created_at, or available_at for a delayed row), as last counted by the leader; 0 when no row is due, and on a standby.",
 		}),
 		pendingRows: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "pending_rows",
-			Help: "Rows in the outbox table still to be delivered, as last counted.",
+			Help: fmt.Sprintf("Rows of the outbox table not yet delivered (delayed ones included), as last counted by the leader; "+
+				"the count stops at %d; 0 on a standby.", PendingRowsCap),
 		}),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "reconnects_total",
@@ -152,6 +158,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		now: time.Now,
 	}
+	m.inflightMessages = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "inflight_messages",
+		Help: "Messages read from the outbox (binlog or poll round) and not yet answered by the broker.",
+	}, func() float64 { return float64(m.setMessages.Load() + m.addMessages.Load()) })
+	m.inflightBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "inflight_bytes",
+		Help: "Bytes of the rows read from the outbox and not yet acknowledged in the database (binlog mode: at most --max-inflight-bytes).",
+	}, func() float64 { return float64(m.setBytes.Load() + m.addBytes.Load()) })
 	m.pausedSeconds = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "paused_seconds",
 		Help: "How long this instance has held its relay paused (outbox_relay_paused 1); 0 when not paused.",
@@ -293,47 +307,43 @@ func (m *Metrics) MessagesFailed(n int) {
 	m.failedMessages.Add(float64(n))
 }
 
-// SetLag sets outbox_relay_lag_seconds from lastEventAt, the created_at of
-// the newest acknowledged row (outbox_relay_progress.last_event_at), and
-// caughtUp, whether no row is pending. Caught up, the lag is 0 whatever
-// lastEventAt says: an idle outbox is not late. Otherwise it is now −
-// lastEventAt, at least 0; a zero lastEventAt (nothing acknowledged yet)
-// leaves the gauge as it is, since the lag is unknown.
-func (m *Metrics) SetLag(lastEventAt time.Time, caughtUp bool) {
+// SetLag sets outbox_relay_lag_seconds: how long, in seconds, the oldest
+// row still to be delivered has been due; 0 when no row is due. A negative
+// value (a row due in the future by the database's clock) is set as 0.
+func (m *Metrics) SetLag(seconds float64) {
 	if m == nil {
 		return
 	}
-	switch {
-	case caughtUp:
-		m.lag.Set(0)
-	case lastEventAt.IsZero():
-	default:
-		m.lag.Set(max(m.now().Sub(lastEventAt).Seconds(), 0))
-	}
+	m.lag.Set(max(seconds, 0))
 }
 
-// SetInflight sets the messages and bytes read but not yet confirmed.
+// SetInflight sets the binlog pipeline's share of the in-flight series: the
+// messages it read and the broker has not yet answered, and the bytes of the
+// rows it read and has not yet acknowledged. SetInflight(0, 0) when the
+// pipeline ends.
 func (m *Metrics) SetInflight(messages int, bytes int64) {
 	if m == nil {
 		return
 	}
-	m.inflightMessages.Set(float64(messages))
-	m.inflightBytes.Set(float64(bytes))
+	m.setMessages.Store(int64(messages))
+	m.setBytes.Store(bytes)
 }
 
-// AddInflight adds to the in-flight messages and bytes (negative deltas
-// when messages are confirmed), for callers that track increments rather
-// than totals. Do not mix with SetInflight on the same code path.
+// AddInflight adds to the poll rounds' share of the in-flight series
+// (negative deltas when the broker has answered, or the round's transaction
+// ended). Every caller takes back exactly what it added, so the share
+// returns to 0 when no round is under way; it is kept apart from
+// SetInflight's, so the two never overwrite each other.
 func (m *Metrics) AddInflight(messages int, bytes int64) {
 	if m == nil {
 		return
 	}
-	m.inflightMessages.Add(float64(messages))
-	m.inflightBytes.Add(float64(bytes))
+	m.addMessages.Add(int64(messages))
+	m.addBytes.Add(bytes)
 }
 
-// SetPendingRows sets the number of rows in the outbox still to be
-// delivered, as last counted.
+// SetPendingRows sets outbox_relay_pending_rows: the rows of the outbox
+// table not yet delivered, as last counted.
 func (m *Metrics) SetPendingRows(n int64) {
 	if m == nil {
 		return

@@ -271,28 +271,39 @@ func histogram(t *testing.T, c prometheus.Collector) *dto.Histogram {
 
 func TestLag(t *testing.T) {
 	m, _ := newTestMetrics(t)
-	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
-	m.now = func() time.Time { return now }
-
-	m.SetLag(now.Add(-90*time.Second), false)
-	if v := value(t, m.lag); v != 90 {
-		t.Errorf("lag with rows pending %v, want 90", v)
+	m.SetLag(90.5)
+	if v := value(t, m.lag); v != 90.5 {
+		t.Errorf("lag %v, want 90.5", v)
 	}
-	m.SetLag(time.Time{}, false) // unknown: unchanged
-	if v := value(t, m.lag); v != 90 {
-		t.Errorf("lag after an unknown reading %v, want 90 (unchanged)", v)
-	}
-	m.SetLag(now.Add(-24*time.Hour), true) // idle for a day, nothing pending
+	m.SetLag(0) // caught up
 	if v := value(t, m.lag); v != 0 {
 		t.Errorf("lag caught up %v, want 0", v)
 	}
-	m.SetLag(time.Time{}, true)
+	m.SetLag(-1) // a row dated ahead of the database's clock
 	if v := value(t, m.lag); v != 0 {
-		t.Errorf("lag caught up, nothing acknowledged yet %v, want 0", v)
+		t.Errorf("lag of a row dated in the future %v, want 0", v)
 	}
-	m.SetLag(now.Add(time.Second), false) // created_at ahead of our clock
-	if v := value(t, m.lag); v != 0 {
-		t.Errorf("lag with a future created_at %v, want 0", v)
+}
+
+// The binlog pipeline sets its totals while poll rounds (its first-start
+// sweep, its delayed rows) add and take back theirs: neither overwrites the
+// other, and the series is their sum.
+func TestInflightShares(t *testing.T) {
+	m, _ := newTestMetrics(t)
+	m.AddInflight(3, 6000) // a round under way
+	m.SetInflight(10, 4096)
+	m.SetInflight(8, 4000) // the pipeline's next look
+	if v, b := value(t, m.inflightMessages), value(t, m.inflightBytes); v != 11 || b != 10000 {
+		t.Errorf("in flight %v messages %v bytes, want 11 and 10000", v, b)
+	}
+	m.AddInflight(-3, 0) // the broker answered the round's messages
+	m.SetInflight(0, 0)  // the pipeline ended
+	if v, b := value(t, m.inflightMessages), value(t, m.inflightBytes); v != 0 || b != 6000 {
+		t.Errorf("in flight %v messages %v bytes, want 0 and 6000 (the round's rows until its commit)", v, b)
+	}
+	m.AddInflight(0, -6000) // the round committed
+	if v, b := value(t, m.inflightMessages), value(t, m.inflightBytes); v != 0 || b != 0 {
+		t.Errorf("in flight %v messages %v bytes, want 0 and 0", v, b)
 	}
 }
 
@@ -305,7 +316,7 @@ func TestNilMetrics(t *testing.T) {
 	m.Delivered(now, now)
 	m.PublishFailed(ReasonNacked)
 	m.MessagesFailed(1)
-	m.SetLag(now, false)
+	m.SetLag(1)
 	m.SetInflight(1, 1)
 	m.AddInflight(1, 1)
 	m.SetPendingRows(1)

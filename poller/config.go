@@ -57,7 +57,8 @@ type Config struct {
 	DefaultExchange string
 	// Logger receives round failures and retries; default zap.NewNop().
 	Logger *zap.Logger
-	// Metrics receives publish outcomes; nil records nothing.
+	// Metrics receives publish outcomes and the rounds' share of the
+	// in-flight series (AddInflight); nil records nothing.
 	Metrics *metrics.Metrics
 	// Leading reports whether this process may still publish: the relay
 	// passes its leader's checkpoint.Leader.Valid (leadership held and the

@@ -79,7 +79,10 @@ func (s *DelayedSweeper) Round(ctx context.Context) (int, error) {
 	if err := p.checkLeading(len(recs)); err != nil {
 		return 0, err
 	}
+	fl := startInflight(p.cfg.Metrics, recs)
+	defer fl.end()
 	items, err := w.publish(ctx, recs)
+	fl.answered()
 	if err != nil {
 		return 0, err
 	}

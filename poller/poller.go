@@ -541,7 +541,10 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 		return 0, true, err
 	}
 	t1 := time.Now()
+	fl := startInflight(p.cfg.Metrics, recs)
+	defer fl.end()
 	items, err := w.publish(ctx, recs)
+	fl.answered()
 	if err != nil {
 		return 0, true, err
 	}

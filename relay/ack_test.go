@@ -160,6 +160,22 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// counterValue is the value of reg's counter name (one series).
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
+}
+
 // While no acknowledgement can commit (the relay's user lost DELETE on the
 // outbox), the relay keeps what it has read within --max-inflight-bytes and
 // stops reading once that is full, instead of reading on and holding
@@ -204,25 +220,26 @@ func TestRelayStopsReadingWhileAcknowledgementsFail(t *testing.T) {
 
 	// The budget fills: every row read has its outcome and has arrived, and
 	// what is held leaves no room for another row (rows here are well under
-	// 1 KiB). The relay's gauges are refreshed at each acknowledgement
-	// attempt; pending_rows is then every row read and not acknowledged.
+	// 1 KiB). The pipeline's gauges are refreshed at each acknowledgement
+	// attempt; published_total counts every row read (each is confirmed),
+	// the 100 of the first load included.
 	const slack = 1 << 10
-	check := func() (msgs, bytes, pending float64) {
+	check := func() (msgs, bytes, read float64) {
 		t.Helper()
 		msgs = metricValue(t, reg, "outbox_relay_inflight_messages")
 		bytes = metricValue(t, reg, "outbox_relay_inflight_bytes")
-		pending = metricValue(t, reg, "outbox_relay_pending_rows")
+		read = counterValue(t, reg, "outbox_relay_published_total") - 100
 		if bytes > budget+slack {
 			t.Fatalf("%.0f bytes held, --max-inflight-bytes %d", bytes, budget)
 		}
-		return msgs, bytes, pending
+		return msgs, bytes, read
 	}
 	unique := func() int { return v.Received() - v.Duplicates() - 100 }
 	var held float64
 	for {
-		msgs, bytes, pending := check()
-		if msgs == 0 && bytes > budget-slack && float64(unique()) == pending {
-			held = pending
+		msgs, bytes, read := check()
+		if msgs == 0 && bytes > budget-slack && float64(unique()) == read {
+			held = read
 			break
 		}
 		if unique() >= rows {
@@ -230,7 +247,7 @@ func TestRelayStopsReadingWhileAcknowledgementsFail(t *testing.T) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("the budget never filled (%.0f messages, %.0f bytes, %.0f rows held; %d arrived): %v", msgs, bytes, pending, unique(), ctx.Err())
+			t.Fatalf("the budget never filled (%.0f messages, %.0f bytes, %.0f rows read; %d arrived): %v", msgs, bytes, read, unique(), ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -238,11 +255,18 @@ func TestRelayStopsReadingWhileAcknowledgementsFail(t *testing.T) {
 	// published, although most of the rows are waiting. Nothing would end
 	// this wait earlier, so a fixed wait is the assertion itself.
 	time.Sleep(2 * time.Second)
-	if _, _, pending := check(); pending != held || unique() != int(held) || int(held) >= rows {
-		t.Fatalf("%.0f of %d rows read when the budget filled; two seconds later %.0f read, %d published: want reading stopped", held, rows, pending, unique())
+	if _, _, read := check(); read != held || unique() != int(held) || int(held) >= rows {
+		t.Fatalf("%.0f of %d rows read when the budget filled; two seconds later %.0f read, %d published: want reading stopped", held, rows, read, unique())
 	}
 	if n := count(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox"); n != rows {
 		t.Fatalf("%d rows in the outbox, want all %d (no acknowledgement could commit)", n, rows)
+	}
+	// The backlog metrics see the whole table, not only what was read.
+	if err := pollUntil(ctx, func() bool {
+		return metricValue(t, reg, "outbox_relay_pending_rows") == rows && metricValue(t, reg, "outbox_relay_lag_seconds") > 0
+	}); err != nil {
+		t.Fatalf("pending_rows %.0f, lag_seconds %.1f with all %d rows pending and %.0f read: want %d and a lag",
+			metricValue(t, reg, "outbox_relay_pending_rows"), metricValue(t, reg, "outbox_relay_lag_seconds"), rows, held, rows)
 	}
 	t.Logf("reading stopped after %.0f of %d rows with acknowledgements failing", held, rows)
 

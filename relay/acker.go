@@ -27,6 +27,7 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 	defer tick.Stop()
 	retry := backoff.Counter{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	var last time.Time
+	p.r.backlog.reset()
 	for {
 		final := false
 		select {
@@ -92,6 +93,7 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	defer p.ackMu.Unlock()
 	if b, ok := p.tracker.Take(); ok {
 		p.pendingAck.Merge(b)
+		p.r.backlog.moved.Store(time.Now().UnixNano())
 	}
 	b := &p.pendingAck
 	hasRows := len(b.IDs) > 0 || len(b.Failed) > 0
@@ -122,22 +124,21 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	return nil
 }
 
-// observe refreshes the gauges that describe the pipeline: in flight,
-// pending (read but not yet acknowledged), lag, and — now and then — how
-// long until the stored position would be purged from the binlog.
+// observe refreshes the pipeline's share of the in-flight gauges, tells
+// the backlog watch how many rows the pipeline holds (read, not yet
+// acknowledged), and now and then computes how long until the stored
+// position would be purged from the binlog.
 func (p *pipeline) observe(ctx context.Context) {
+	msgs, bytes := p.tracker.Inflight()
+	p.ackMu.Lock()
+	p.r.backlog.held.Store(int64(msgs + p.pendingAck.Rows()))
+	lastEvent, file := p.lastEventAt, p.ackedPos.File
+	p.ackMu.Unlock()
 	m := p.r.cfg.Metrics
 	if m == nil {
 		return
 	}
-	msgs, bytes := p.tracker.Inflight()
 	m.SetInflight(msgs, bytes)
-	p.ackMu.Lock()
-	pending := int64(msgs + p.pendingAck.Rows())
-	lastEvent, file := p.lastEventAt, p.ackedPos.File
-	p.ackMu.Unlock()
-	m.SetPendingRows(pending)
-	m.SetLag(lastEvent, pending == 0)
 	if file != "" && time.Since(p.lastHeadroom) >= time.Minute {
 		p.lastHeadroom = time.Now()
 		if _, err := m.UpdateRetentionHeadroom(ctx, p.r.db, file, lastEvent); err != nil {

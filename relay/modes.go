@@ -34,6 +34,7 @@ type modeSwitch struct{ to, reason string }
 // from the stored checkpoint, which then holds everything published.
 func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 	defer r.maintainWhileLeading(ctx, leader)()
+	defer r.watchBacklog(ctx)()
 	r.logCheckpoint(ctx, "resuming from the checkpoint")
 	var mode, reason string
 	for {
@@ -97,7 +98,8 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 			next, err = r.runPoll(runCtx, leader)
 		} else {
 			next, err = r.runBinlog(runCtx, leader)
-			r.saveState() // what the lanes sent after the acker's last round
+			r.saveState()                   // what the lanes sent after the acker's last round
+			r.cfg.Metrics.SetInflight(0, 0) // the pipeline has ended: nothing of it is in flight
 		}
 		pausing := runCtx.Err() != nil && ctx.Err() == nil
 		stopRun()
@@ -167,6 +169,7 @@ type troubleWatch struct {
 }
 
 func (w *troubleWatch) onRetry(err error, attempt int) {
+	w.r.backlog.trouble.Store(time.Now().UnixNano()) // the backlog is unknown until the stream moves again
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if attempt == 1 || w.since.IsZero() {

@@ -34,6 +34,7 @@ type Relay struct {
 	polling atomic.Bool  // leading in poll mode
 	paused  atomic.Bool  // leading a relay an operator paused, stopped
 	mode    atomic.Value // string: the mode of the current term
+	backlog backlogHint  // what binlog mode knows of the backlog, for the backlog watch (backlog.go)
 
 	notReady atomic.Value // string: why the relay is not ready ("" when a healthy standby)
 	// brokerDown is the last failed dial of the current term's publisher

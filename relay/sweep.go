@@ -38,6 +38,9 @@ func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poll
 		log.Warn("probe for delayed rows failed; sweeping to be safe", zap.Error(err))
 		active = true
 	}
+	hint := &p.r.backlog.sweeping // delayed rows are a backlog the binlog does not show
+	hint.Store(active)
+	defer hint.Store(false)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -48,6 +51,7 @@ func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poll
 			return
 		case <-p.delayed:
 			active = true
+			hint.Store(true)
 			continue
 		case <-tick.C:
 		}
@@ -75,6 +79,7 @@ func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poll
 		}
 		if pending, err := s.Pending(ctx); err == nil && !pending {
 			active = false
+			hint.Store(false)
 		}
 	}
 }

@@ -109,6 +109,17 @@ func testPauseResume(t *testing.T, mode string) {
 	if g, sec := metricValue(t, base, "outbox_relay_paused"), metricValue(t, base, "outbox_relay_paused_seconds"); g != 1 || sec <= 0 {
 		t.Errorf("metrics while paused: outbox_relay_paused %v, outbox_relay_paused_seconds %v", g, sec)
 	}
+	// The backlog metrics follow the outbox while paused, so an alert on
+	// the lag fires for a long pause (the leader counts every 5 s).
+	for pending, lag := 0.0, 0.0; pending < 300 || lag <= 0; {
+		pending, lag = metricValue(t, base, "outbox_relay_pending_rows"), metricValue(t, base, "outbox_relay_lag_seconds")
+		select {
+		case <-ctx.Done():
+			t.Fatalf("while paused with %d rows pending: outbox_relay_pending_rows %v, outbox_relay_lag_seconds %v; want at least 300 and above 0",
+				s.PendingRows, pending, lag)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 	if code, body, err := httpGet(base + "/readyz"); err != nil || code != 200 {
 		t.Errorf("/readyz while paused: %d %q %v", code, body, err)
 	}
