@@ -133,7 +133,9 @@ func (s *Store) Acquire(ctx context.Context) (*Leader, error) {
 	go l.heartbeat()
 	if prev.wait > 0 {
 		if err := l.waitOut(ctx, prev); err != nil {
-			l.abandon(context.WithoutCancel(ctx))
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			l.abandon(actx)
+			cancel()
 			return nil, err
 		}
 	}
