@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
 )
 
 // ErrHeld means another relay instance of the same name holds leadership;
@@ -41,11 +42,19 @@ func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 // GET_LOCK('outbox-relay:<name>') on a dedicated connection, and a new epoch
 // in the progress row, which fences every write of an older leader. It is
 // kept by a heartbeat on the lock connection every HeartbeatInterval, and it
-// is a lease: a leader is valid only until LeaderLease after the start of its
-// last successful heartbeat (its own monotonic clock), while a standby takes
-// over only once the stored heartbeat is older than LeaderLease by the
-// server's clock. The stored heartbeat is written after the leader started
-// it, so the leader's lease always ends before a standby may take over.
+// is a lease: a leader is valid only until LeaderLease less a tenth after
+// the start of its last successful heartbeat (its own monotonic clock). The
+// stored heartbeat is written after the leader started it, so by the
+// server's clock a leader's lease ends before its stored heartbeat is
+// LeaderLease old (the tenth covers a difference in the rates of the two
+// clocks; their rates are assumed to differ by less). A new leader publishes
+// only once the previous leader's stored heartbeat is that old, or once the
+// previous leader released leadership (its term is over): a standby takes
+// over a held lock only then, and one that finds the lock free while the
+// stored heartbeat is younger waits out the rest of the lease before Acquire
+// returns. The lock alone proves nothing: the lock connection of a stopped
+// leader can be closed (a proxy's idle timeout, a KILL) while the leader,
+// woken inside its lease, still publishes what it had read.
 //
 // Between heartbeats the lock connection is kept busy in DO SLEEP: a killed
 // or cut connection ends that wait at once, so a lost lock is noticed at once
@@ -73,12 +82,18 @@ type Leader struct {
 
 func (s *Store) lockName() string { return "outbox-relay:" + s.cfg.RelayName }
 
-// Acquire takes leadership without waiting: a *HeldError (errors.Is
-// ErrHeld) when another instance has it. A leader whose stored heartbeat is
-// older than LeaderLease is taken over: its lock connection is killed (the
-// relay's user may kill its own connections) and the lock taken. On success
-// the epoch in the progress row is one more than any earlier leader's, and a
-// heartbeat runs until Release or loss.
+// Acquire takes leadership: a *HeldError (errors.Is ErrHeld) when another
+// instance has it. A leader whose stored heartbeat is older than LeaderLease
+// is taken over: its lock connection is killed (the relay's user may kill
+// its own connections) and the lock taken. On success the epoch in the
+// progress row is one more than any earlier leader's, a heartbeat runs until
+// Release or loss, and the previous leader can publish no more: when it had
+// not released leadership and its stored heartbeat is younger than
+// LeaderLease, Acquire holds the lock and the new epoch (so no other
+// standby leads, and the previous leader's writes are fenced at once) and
+// waits, logging it once, until the heartbeat is LeaderLease old. The wait
+// ends early, with an error and leadership given up, when ctx ends or the
+// new leadership is lost.
 func (s *Store) Acquire(ctx context.Context) (*Leader, error) {
 	if err := s.ensureRow(ctx); err != nil {
 		return nil, err
@@ -92,15 +107,23 @@ func (s *Store) Acquire(ctx context.Context) (*Leader, error) {
 		conn.Close()
 		return nil, err
 	}
-	sent := time.Now()
-	if l.takeover != "" {
-		// The stale leader may have been stopped inside a transaction that
-		// locks the progress row (an acknowledgement's fence): end it, or
-		// the epoch bump would wait for it as long as it is stopped.
-		stopKilling := l.killBlockers(ctx)
-		defer stopKilling()
+	prev, err := l.previous(ctx)
+	if err != nil {
+		conn.Close()
+		return nil, err
 	}
-	if err := l.bumpEpoch(ctx); err != nil {
+	sent := time.Now()
+	stopKilling := func() {}
+	if l.takeover != "" || prev.instance != "" {
+		// The previous leader, not released, may have been stopped inside
+		// a transaction that locks the progress row (an acknowledgement's
+		// fence): end it, or the epoch bump would wait for it as long as
+		// it is stopped.
+		stopKilling = l.killBlockers(ctx)
+	}
+	err = l.bumpEpoch(ctx)
+	stopKilling()
+	if err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -108,7 +131,78 @@ func (s *Store) Acquire(ctx context.Context) (*Leader, error) {
 	l.validUntil = sent.Add(s.validity())
 	l.expiry = time.AfterFunc(s.validity(), func() { l.fail(ErrLeaseExpired) })
 	go l.heartbeat()
+	if prev.wait > 0 {
+		if err := l.waitOut(ctx, prev); err != nil {
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			l.abandon(actx)
+			cancel()
+			return nil, err
+		}
+	}
 	return l, nil
+}
+
+// previousLeader is what the progress row says of the previous leader, read
+// once this one holds the lock, and how long its lease still runs.
+type previousLeader struct {
+	instance string        // leader_instance; "" when it released leadership (or none ever led)
+	age      time.Duration // its stored heartbeat's age by the server's clock
+	wait     time.Duration // until the heartbeat is LeaderLease old; 0 when it released leadership
+}
+
+// previous reads the previous leader with the lock held: its lock
+// connection is gone, so its heartbeat can no longer move. A leader that
+// released leadership (leader_instance NULL), or whose term this store
+// released (its epoch), has stopped publishing: no wait.
+func (l *Leader) previous(ctx context.Context) (previousLeader, error) {
+	s := l.store
+	var (
+		leader sql.NullString
+		epoch  int64
+		ageUS  sql.NullInt64
+	)
+	if err := l.conn.QueryRowContext(ctx, `SELECT leader_instance, epoch,
+		TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, NOW(6)) FROM outbox_relay_progress WHERE relay_name = ?`,
+		s.cfg.RelayName).Scan(&leader, &epoch, &ageUS); err != nil {
+		return previousLeader{}, fmt.Errorf("read the previous leader of relay %q: %w", s.cfg.RelayName, err)
+	}
+	s.mu.Lock()
+	ours := s.released != 0 && epoch == s.released
+	s.mu.Unlock()
+	if !leader.Valid || ours {
+		return previousLeader{}, nil
+	}
+	p := previousLeader{instance: leader.String, age: time.Duration(ageUS.Int64) * time.Microsecond}
+	if ageUS.Valid && p.age < s.cfg.LeaderLease {
+		p.wait = s.cfg.LeaderLease - p.age
+	}
+	return p, nil
+}
+
+// waitOut waits, holding leadership, until the previous leader's lease has
+// run out: p.wait from now (counted from after the server measured the age,
+// so never short). It returns early with an error when ctx ends or this
+// leadership is lost.
+func (l *Leader) waitOut(ctx context.Context, p previousLeader) error {
+	s := l.store
+	until := time.Now().Add(p.wait)
+	l.takeover = fmt.Sprintf("took over from %s after waiting out its lease: its lock was free with its heartbeat %v old (lease %v)",
+		p.instance, p.age.Round(time.Millisecond), s.cfg.LeaderLease)
+	s.cfg.Logger.Warn(fmt.Sprintf("the previous leader's lease runs until %s, waiting %v before publishing",
+		until.UTC().Format("15:04:05.000Z"), p.wait.Round(100*time.Millisecond)),
+		zap.String("relay", s.cfg.RelayName), zap.String("previous_leader", p.instance),
+		zap.Duration("heartbeat_age", p.age), zap.Int64("epoch", l.epoch))
+	t := time.NewTimer(p.wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait out the lease of the previous leader %s of relay %q: %w", p.instance, s.cfg.RelayName, ctx.Err())
+	case <-l.lost:
+		return fmt.Errorf("lost leadership of relay %q while waiting out the lease of the previous leader %s: %w",
+			s.cfg.RelayName, p.instance, l.Err())
+	}
 }
 
 // ensureRow creates the progress row if it is missing. A plain read
@@ -182,8 +276,10 @@ func (l *Leader) lock(ctx context.Context) error {
 
 // killBlockers, while the epoch bump of a takeover runs, kills the
 // connections whose transactions make it wait more than a moment: the
-// stale leader's (its lease has expired, so it must not commit anything
-// any more). It needs the PROCESS privilege to see them; without it the
+// previous leader's, which did not release leadership (rolling its
+// transaction back is always safe: a write it did not commit is redone or
+// fenced, and once its lease has expired it must not commit anything any
+// more). It needs the PROCESS privilege to see them; without it the
 // bump waits for innodb_lock_wait_timeout and the takeover is retried.
 // The returned function stops it and waits for it.
 func (l *Leader) killBlockers(ctx context.Context) func() {
@@ -274,8 +370,10 @@ func (l *Leader) setPaused(paused bool) {
 // Epoch is this leader's fencing token.
 func (l *Leader) Epoch() int64 { return l.epoch }
 
-// TookOver describes the stale leader this one took over from; "" when the
-// lock was free.
+// TookOver describes the previous leader this one took over from: a stale
+// one whose lock connection it killed, or one whose lease it waited out
+// because its lock was free before its lease had run out; "" when the lock
+// was free and the previous leader released or its lease had run out.
 func (l *Leader) TookOver() string { return l.takeover }
 
 // Valid reports whether this leader may publish now: leadership not lost
@@ -399,34 +497,86 @@ func isInterrupted(err error) bool {
 	return errors.As(err, &me) && me.Number == 1317
 }
 
-// Release gives leadership up: stops the heartbeat, clears leader_instance
-// in the progress row (fenced by the epoch; leader_since and
-// leader_heartbeat stay as history) so `status` shows no leader, releases
-// the lock and closes the lock connection. Safe to call more than once. If
-// the database cannot be reached, the row keeps the leader's name and
-// `status` shows its heartbeat ageing past the lease.
+// Release gives leadership up; the caller has stopped publishing under it.
+// It stops the heartbeat, clears leader_instance in the progress row
+// (fenced by the epoch; leader_since and leader_heartbeat stay as history)
+// so `status` shows no leader and the next leader need not wait out this
+// one's lease, releases the lock and closes the lock connection. Safe to
+// call more than once. If the database cannot be reached, the row keeps the
+// leader's name and `status` shows its heartbeat ageing past the lease; a
+// later Acquire of the same Store still knows the term is over.
 func (l *Leader) Release(ctx context.Context) error {
 	var err error
 	l.stopOnce.Do(func() {
-		l.fail(errors.New("leadership released"))
-		l.expiry.Stop()
-		// End the heartbeat's wait without closing the lock connection, so
-		// the lock can be released at once; if that fails, cancelling
-		// closes the connection, which releases it too.
-		kctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, _ = l.store.db.ExecContext(kctx, fmt.Sprintf("KILL QUERY %d", l.connID))
-		cancel()
-		l.stop()
-		<-l.done
+		l.stopHeartbeat(ctx)
+		l.store.mu.Lock()
+		l.store.released = l.epoch
+		l.store.mu.Unlock()
 		if e := l.clearLeader(ctx); e != nil {
 			err = e
 		}
-		if _, e := l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", l.store.lockName()); e != nil && !connGone(e) {
-			err = fmt.Errorf("release lock %q: %w", l.store.lockName(), e)
-		}
-		l.conn.Close()
+		err = errors.Join(err, l.unlock(ctx))
 	})
 	return err
+}
+
+// abandon gives up leadership taken while the previous leader's lease still
+// ran, before it was used: the row keeps this leader's name and heartbeat,
+// so the next leader waits out this lease, which ends after the previous
+// one's.
+func (l *Leader) abandon(ctx context.Context) {
+	l.stopOnce.Do(func() {
+		l.stopHeartbeat(ctx)
+		_ = l.unlock(ctx)
+	})
+}
+
+// stopHeartbeat ends leadership and the heartbeat, and waits for it.
+func (l *Leader) stopHeartbeat(ctx context.Context) {
+	l.fail(errors.New("leadership released"))
+	l.expiry.Stop()
+	// End the heartbeat's wait without closing the lock connection, so
+	// the lock can be released at once; if that fails, cancelling
+	// closes the connection, which releases it too.
+	kctx, cancel := context.WithTimeout(ctx, time.Second)
+	_, _ = l.store.db.ExecContext(kctx, fmt.Sprintf("KILL QUERY %d", l.connID))
+	cancel()
+	l.stop()
+	<-l.done
+}
+
+// unlock releases the lock and closes the lock connection. When that
+// connection was closed under a statement (cancelling the heartbeat's wait
+// does that when the wake missed it), the server holds the lock until the
+// statement ends: unlock then kills the connection and waits until the
+// server has let go of the lock, so the next leader can take it at once.
+func (l *Leader) unlock(ctx context.Context) error {
+	name := l.store.lockName()
+	_, err := l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", name)
+	l.conn.Close()
+	switch {
+	case err == nil:
+		return nil
+	case !connGone(err):
+		return fmt.Errorf("release lock %q: %w", name, err)
+	}
+	if _, err := l.store.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", l.connID)); err != nil && !isUnknownThread(err) {
+		return fmt.Errorf("release lock %q: end the closed lock connection %d: %w", name, l.connID, err)
+	}
+	for {
+		var holder sql.NullInt64
+		if err := l.store.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", name).Scan(&holder); err != nil {
+			return fmt.Errorf("release lock %q: see whether the server let go of it: %w", name, err)
+		}
+		if !holder.Valid || holder.Int64 != l.connID {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("release lock %q: the server still holds it for connection %d: %w", name, l.connID, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // clearLeader sets leader_instance to NULL in our epoch's row. It runs on

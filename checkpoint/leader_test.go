@@ -154,3 +154,195 @@ func TestConfigLeaderLease(t *testing.T) {
 		}
 	}
 }
+
+// freeLockOf makes the progress row look like a leader whose lock
+// connection alone has ended (a proxy's idle timeout, a KILL) while its
+// heartbeat is fresh: the lock is free, leader_instance names it. It returns
+// its epoch and its stored heartbeat as the server's text.
+func freeLockOf(ctx context.Context, t *testing.T, db *sql.DB, store *checkpoint.Store, instance string) (int64, string) {
+	t.Helper()
+	if _, err := store.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(ctx, t, db, `UPDATE outbox_relay_progress SET epoch = epoch + 1, leader_instance = '`+instance+`',
+		leader_heartbeat = NOW(6) WHERE relay_name = 'default'`)
+	var (
+		epoch int64
+		hb    string
+	)
+	if err := db.QueryRowContext(ctx, "SELECT epoch, CAST(leader_heartbeat AS CHAR) FROM outbox_relay_progress").Scan(&epoch, &hb); err != nil {
+		t.Fatal(err)
+	}
+	return epoch, hb
+}
+
+// sinceHeartbeat is how long ago, by the server's clock, hb (as stored) was.
+func sinceHeartbeat(ctx context.Context, t *testing.T, db *sql.DB, hb string) time.Duration {
+	t.Helper()
+	var us int64
+	if err := db.QueryRowContext(ctx, "SELECT TIMESTAMPDIFF(MICROSECOND, ?, NOW(6))", hb).Scan(&us); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// waitEpoch waits until the progress row is at epoch want.
+func waitEpoch(ctx context.Context, t *testing.T, db *sql.DB, want int64) {
+	t.Helper()
+	for {
+		var epoch int64
+		if err := db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress").Scan(&epoch); err != nil {
+			t.Fatal(err)
+		}
+		if epoch == want {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("progress row at epoch %d, want %d: %v", epoch, want, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+type acquired struct {
+	leader *checkpoint.Leader
+	err    error
+}
+
+func acquireAsync(ctx context.Context, store *checkpoint.Store) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		l, err := store.Acquire(ctx)
+		ch <- acquired{l, err}
+	}()
+	return ch
+}
+
+// A leader whose lock is free while its stored heartbeat is younger than
+// the lease (it may be stopped, and publish when it wakes) is taken over,
+// but Acquire returns only once that heartbeat is a lease old by the
+// server's clock. Meanwhile the new epoch is in the row at once (the old
+// leader's writes are fenced) and the lock is held (another standby is
+// told it is held).
+func TestAcquireWaitsOutTheLeaseOfAFreeLock(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 3 * time.Second, Instance: "new"}
+	store, err := checkpoint.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldEpoch, hb := freeLockOf(ctx, t, db, store, "old")
+
+	res := acquireAsync(ctx, store)
+	waitEpoch(ctx, t, db, oldEpoch+1)
+	other := cfg
+	other.Instance = "other"
+	otherStore, err := checkpoint.New(db, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otherStore.Acquire(ctx); !errors.Is(err, checkpoint.ErrHeld) {
+		t.Errorf("another standby's Acquire while the new leader waits: %v, want ErrHeld", err)
+	}
+	var r acquired
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		t.Fatal("Acquire did not return")
+	}
+	if r.err != nil {
+		t.Fatalf("Acquire: %v", r.err)
+	}
+	defer r.leader.Release(context.WithoutCancel(ctx))
+	if since := sinceHeartbeat(ctx, t, db, hb); since < cfg.LeaderLease {
+		t.Errorf("Acquire returned %v after the old leader's heartbeat, inside its lease of %v", since, cfg.LeaderLease)
+	}
+	if r.leader.Epoch() != oldEpoch+1 || !strings.Contains(r.leader.TookOver(), "old") || !r.leader.Valid() {
+		t.Errorf("new leader: epoch %d (old %d), took over %q, valid %v", r.leader.Epoch(), oldEpoch, r.leader.TookOver(), r.leader.Valid())
+	}
+}
+
+// The wait for a free lock's lease ends with the caller's context: Acquire
+// returns the context's error, the lock is free again, and the row keeps
+// the waiting leader's name and heartbeat, so the next one waits too.
+func TestAcquireWaitEndsWithTheContext(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "new"}
+	store, err := checkpoint.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldEpoch, _ := freeLockOf(ctx, t, db, store, "old")
+	actx, cancel := context.WithCancel(ctx)
+	res := acquireAsync(actx, store)
+	waitEpoch(ctx, t, db, oldEpoch+1)
+	cancel()
+	r := <-res
+	if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("Acquire cancelled while waiting: %v, want context.Canceled", r.err)
+	}
+	var (
+		holder sql.NullInt64
+		leader sql.NullString
+	)
+	if err := db.QueryRowContext(ctx, "SELECT IS_USED_LOCK('outbox-relay:default'), leader_instance FROM outbox_relay_progress").
+		Scan(&holder, &leader); err != nil {
+		t.Fatal(err)
+	}
+	if holder.Valid || leader.String != "new" {
+		t.Errorf("after the cancelled wait: lock held by %v, leader_instance %v; want free, \"new\"", holder, leader)
+	}
+}
+
+// A leader that released leadership has stopped publishing: the next one
+// leads at once, without waiting out its lease; so does the same store
+// after its own released term even when the row still names it (Release
+// could not clear it).
+func TestAcquireAfterReleaseDoesNotWait(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "a"}
+	a, err := checkpoint.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Instance = "b"
+	b, err := checkpoint.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		first, next *checkpoint.Store
+		unclear     bool
+	}{{a, b, false}, {a, a, true}} {
+		l, err := step.first.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if step.unclear {
+			mustExec(ctx, t, db, "UPDATE outbox_relay_progress SET leader_instance = 'a', leader_heartbeat = NOW(6)")
+		}
+		var hb string
+		if err := db.QueryRowContext(ctx, "SELECT CAST(leader_heartbeat AS CHAR) FROM outbox_relay_progress").Scan(&hb); err != nil {
+			t.Fatal(err)
+		}
+		next, err := step.next.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		since := sinceHeartbeat(ctx, t, db, hb)
+		if since >= cfg.LeaderLease || next.TookOver() != "" {
+			t.Errorf("leadership after a released term (row names it: %v) taken %v after its heartbeat (lease %v), took over %q",
+				step.unclear, since, cfg.LeaderLease, next.TookOver())
+		}
+		if err := next.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -8,8 +8,11 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
+
+	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/position"
 )
@@ -29,6 +32,7 @@ type Config struct {
 	Instance          string        // leader_instance; default host:pid
 	HeartbeatInterval time.Duration // leadership heartbeat; default 2s
 	LeaderLease       time.Duration // a leader without a heartbeat this long is taken over; default 10s (or 5 heartbeats if longer), at least 3 heartbeats
+	Logger            *zap.Logger   // where Acquire says it waits out a previous leader's lease; default none
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}$`)
@@ -64,6 +68,9 @@ func (c *Config) Validate() error {
 	if c.LeaderLease <= 0 {
 		c.LeaderLease = max(10*time.Second, 5*c.HeartbeatInterval)
 	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
 	if c.LeaderLease < 3*c.HeartbeatInterval {
 		return fmt.Errorf("leader lease %v is shorter than 3 heartbeat intervals (%v): a leader would lose it between two heartbeats",
 			c.LeaderLease, 3*c.HeartbeatInterval)
@@ -96,6 +103,9 @@ var ErrFenced = errors.New("leadership lost: the progress row belongs to a newer
 type Store struct {
 	db  *sql.DB
 	cfg Config
+
+	mu       sync.Mutex
+	released int64 // the epoch of the last leader of this store that was released: its term is over
 }
 
 // New returns a store over db, which must reach the database holding the

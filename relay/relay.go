@@ -113,6 +113,7 @@ func New(cfg Config) (*Relay, error) {
 	store, err := checkpoint.New(db, checkpoint.Config{
 		RelayName: cfg.RelayName, Table: cfg.Table, OnDelivered: cfg.OnDelivered,
 		Instance: cfg.Instance, HeartbeatInterval: cfg.HeartbeatInterval, LeaderLease: cfg.LeaderLease,
+		Logger: cfg.Logger,
 	})
 	if err != nil {
 		db.Close()

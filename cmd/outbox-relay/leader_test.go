@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,24 +159,19 @@ type failover struct {
 	prodDone chan error
 }
 
-// startFailover starts the leader (its database DSN leaderDSN, "" for the
-// database's own), then a standby, both with extra flags after the
-// leadership ones (e.g. "--mode", "poll"), then a steady producing stream
-// that runs until finish. Partition keys are each written by one producer,
-// so commit order per key is known.
-func startFailover(t *testing.T, ctx context.Context, db *testenv.DB, b *testenv.Broker, leaderDSN string, extra ...string) *failover {
+// startFailover starts the leader, then a standby, both with extra flags
+// after the leadership ones (e.g. "--mode", "poll"), the leader with
+// leaderOnly after those (a later flag wins: e.g. "--mysql-dsn" through a
+// proxy), then a steady producing stream that runs until finish. Partition
+// keys are each written by one producer, so commit order per key is known.
+func startFailover(t *testing.T, ctx context.Context, db *testenv.DB, b *testenv.Broker, leaderOnly []string, extra ...string) *failover {
 	t.Helper()
 	f := &failover{t: t, ctx: ctx, db: db, b: b, prodDone: make(chan error, 1)}
 	migrate(t, db.DSN)
 	f.v = consumeAll(t, b)
 	f.seen = newEpochConsumer(t, b)
 	flags := append(leaderFlags(), extra...)
-	args := relayArgs(db, b, flags...)
-	if leaderDSN != "" {
-		args = slices.Clone(args)
-		args[slices.Index(args, db.DSN)] = leaderDSN
-	}
-	f.leader = newRelayProc(t, args...)
+	f.leader = newRelayProc(t, append(relayArgs(db, b, flags...), leaderOnly...)...)
 	f.leader.start()
 	f.leader.waitLog(ctx, "leading")
 	f.standby = newRelayProc(t, relayArgs(db, b, flags...)...)
@@ -228,7 +223,7 @@ func TestLeaderFailoverSIGKILL(t *testing.T) {
 	ctx := testenv.Context(t, 2*time.Minute)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
-	f := startFailover(t, ctx, db, b, "")
+	f := startFailover(t, ctx, db, b, nil)
 	e1 := progressEpoch(ctx, t, db)
 	f.seen.waitFor(ctx, t, "from the first leader", 500, ofEpoch(e1))
 
@@ -264,7 +259,7 @@ func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 	ctx := testenv.Context(t, 2*time.Minute)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
-	f := startFailover(t, ctx, db, b, "", extra...)
+	f := startFailover(t, ctx, db, b, nil, extra...)
 	e1 := progressEpoch(ctx, t, db)
 	f.seen.waitFor(ctx, t, "from the first leader", 500, ofEpoch(e1))
 
@@ -318,7 +313,7 @@ func TestLeaderLosesLockConnection(t *testing.T) {
 	if dsn == db.DSN {
 		t.Fatalf("cannot route DSN %q through the proxy", db.DSN)
 	}
-	f := startFailover(t, ctx, db, b, dsn)
+	f := startFailover(t, ctx, db, b, []string{"--mysql-dsn", dsn})
 	e1 := progressEpoch(ctx, t, db)
 	f.seen.waitFor(ctx, t, "from the first leader", 500, ofEpoch(e1))
 
@@ -339,4 +334,118 @@ func TestLeaderLosesLockConnection(t *testing.T) {
 		"first delivery of the new leader %v after it; %d duplicates",
 		noticed.Sub(cut).Round(time.Millisecond), last.at.Sub(cut).Round(time.Millisecond),
 		first.at.Sub(cut).Round(time.Millisecond), dups)
+}
+
+// The leader is SIGSTOPped under a producing stream and its lock connection
+// alone is killed (as a proxy's idle timeout, a DBA's KILL or wait_timeout
+// would): the lock is free while the leader's lease still runs. It is woken
+// inside that lease holding rows it read before the stop: its broker is
+// slow (a proxy with latency, a small confirm window), so its lanes wait in
+// Publish with rows that passed the lease check. No message of its epoch
+// may arrive after the first of the new leader's (which therefore must not
+// publish before the old lease has run out), and nothing is lost.
+func TestLeaderFailoverLockKilledWhileStopped(t *testing.T) {
+	// A longer lease than the other failover tests: the old leader is woken
+	// well inside it, after a standby had time to take the free lock.
+	const lease = 10 * time.Second
+	ctx := testenv.Context(t, 2*time.Minute)
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	amqpURL, err := url.Parse(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.Proxy(t, amqpURL.Host)
+	amqpURL.Host = proxy.Addr()
+	f := startFailover(t, ctx, db, b, []string{"--amqp-url", amqpURL.String(), "--confirm-window", "4", "--lanes", "8"},
+		"--leader-lease", lease.String())
+	e1 := progressEpoch(ctx, t, db)
+	f.leader.waitLog(ctx, "tailing the binlog")
+	f.seen.waitFor(ctx, t, "from the first leader", 500, ofEpoch(e1))
+	// The broker slows down for the leader: it falls behind the stream, its
+	// lanes wait for confirms with the next rows in hand.
+	proxy.SetLatency(100 * time.Millisecond)
+	testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) >= 1000 FROM outbox", 1)
+
+	f.leader.stop()
+	stopped := time.Now()
+	var (
+		holder int64
+		ageUS  int64
+	)
+	if err := db.SQL.QueryRowContext(ctx, `SELECT IS_USED_LOCK('outbox-relay:default'),
+		TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, NOW(6)) FROM outbox_relay_progress WHERE relay_name = 'default'`).
+		Scan(&holder, &ageUS); err != nil {
+		t.Fatalf("find the leader's lock connection: %v", err)
+	}
+	if _, err := db.SQL.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", holder)); err != nil {
+		t.Fatalf("kill the leader's lock connection %d: %v", holder, err)
+	}
+	// The old leader's own lease ends at 9/10 of the lease after it sent its
+	// last heartbeat, which the server stored at most ageUS before the stop.
+	oldLeaseEnd := stopped.Add(lease*9/10 - time.Duration(ageUS)*time.Microsecond)
+
+	// A standby takes the free lock and bumps the epoch.
+	for progressEpoch(ctx, t, db) == e1 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no standby took the free lock: %v", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// Wake the old leader once the new one has published, or halfway
+	// through what is left of the old lease, whichever comes first.
+	wakeBy := stopped.Add(oldLeaseEnd.Sub(stopped) / 2)
+	for {
+		if _, ok := f.seen.first(afterEpoch(e1)); ok || !time.Now().Before(wakeBy) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	oldBefore := f.seen.count(ofEpoch(e1))
+	f.leader.cont()
+	woke := time.Now()
+	if !woke.Before(oldLeaseEnd) {
+		t.Fatalf("woke the old leader %v after the stop, past its lease (%v after the stop): the test proves nothing",
+			woke.Sub(stopped).Round(time.Millisecond), oldLeaseEnd.Sub(stopped).Round(time.Millisecond))
+	}
+	f.leader.waitLog(ctx, "standby")
+	f.seen.waitFor(ctx, t, "from the new leader", 200, afterEpoch(e1))
+	dups := f.finish()
+
+	first, _ := f.seen.first(afterEpoch(e1))
+	if late := lateInOrder(f.seen, e1); late > 0 {
+		last, _ := f.seen.last(ofEpoch(e1))
+		t.Errorf("%d messages of the old leader's epoch %d arrived after the new leader's first (the last %v after it): "+
+			"the new leader published inside the old leader's lease", late, e1, last.at.Sub(first.at).Round(time.Millisecond))
+	}
+	// The wait is said once, before the new leader leads.
+	waited := grepLines(f.standby.output(), "lease runs until")
+	if strings.Count(waited, "\n") != 1 {
+		t.Errorf("the new leader logged its wait for the old lease %d times, want once:\n%s", strings.Count(waited, "\n"), waited)
+	}
+	why := strings.TrimSpace(grepLines(f.leader.output(), "leadership"))
+	t.Logf("lock killed while stopped: woke the old leader at +%v (its lease ran to +%v); it published %d messages after waking; "+
+		"first delivery of the new leader at +%v; %d duplicates; the new leader's wait:\n%sthe old leader's log:\n%s",
+		woke.Sub(stopped).Round(time.Millisecond), oldLeaseEnd.Sub(stopped).Round(time.Millisecond),
+		f.seen.count(ofEpoch(e1))-oldBefore, first.at.Sub(stopped).Round(time.Millisecond), dups, waited, why)
+}
+
+// lateInOrder is the number of deliveries of epoch old that arrived after the
+// first delivery of a later epoch, in the consumer's arrival order.
+func lateInOrder(c *epochConsumer, old int64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, newer := 0, false
+	for _, d := range c.ds {
+		newer = newer || d.epoch > old
+		if newer && d.epoch == old {
+			n++
+		}
+	}
+	return n
 }
