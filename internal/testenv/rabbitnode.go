@@ -502,6 +502,42 @@ func (n *RabbitNode) AddUser(t testing.TB, name, password string) {
 	n.Ctl(t, "set_permissions", "-p", "/", name, ".*", ".*", ".*")
 }
 
+// RabbitConnection is one AMQP connection to a node, as rabbitmqctl
+// list_connections shows it.
+type RabbitConnection struct {
+	User          string // the user it logged in as
+	AuthMechanism string // PLAIN, AMQPLAIN, EXTERNAL
+	PID           string // the connection's Erlang process, for close_connection
+}
+
+// Connections lists the node's AMQP connections.
+func (n *RabbitNode) Connections(t testing.TB) []RabbitConnection {
+	t.Helper()
+	out := n.Ctl(t, "list_connections", "-q", "--no-table-headers", "user", "auth_mechanism", "pid")
+	var conns []RabbitConnection
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Split(line, "\t"); len(f) == 3 {
+			conns = append(conns, RabbitConnection{User: f[0], AuthMechanism: f[1], PID: f[2]})
+		}
+	}
+	return conns
+}
+
+// CloseConnections closes every AMQP connection of user on the node, as an
+// operator would (rabbitmqctl close_connection), and returns how many it
+// closed. The clients see a connection.close with CONNECTION_FORCED.
+func (n *RabbitNode) CloseConnections(t testing.TB, user string) int {
+	t.Helper()
+	closed := 0
+	for _, c := range n.Connections(t) {
+		if c.User == user {
+			n.Ctl(t, "close_connection", c.PID, "closed by the test")
+			closed++
+		}
+	}
+	return closed
+}
+
 // Ctl runs rabbitmqctl against this node (rabbitmqctl -n NAME args...) with
 // the node's cookie and returns its output; a failure fails the test. For
 // what AMQP cannot do, e.g. set_vm_memory_high_watermark to make the node
