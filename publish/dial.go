@@ -166,7 +166,8 @@ func dial(ctx context.Context, rawURL string, o ConnOptions, name string, wrap f
 	// Set when the server's first bytes are a TLS record, for an amqp://
 	// URL: it is a TLS port.
 	var sniffed *sniffConn
-	plain := !strings.HasPrefix(strings.TrimSpace(rawURL), "amqps:")
+	uri, _ := amqp.ParseURI(rawURL) // amqpConfig parsed it
+	plain := uri.Scheme == "amqp"
 	cfg.Dial = func(network, addr string) (net.Conn, error) {
 		// Unlike amqp.DefaultDial this honours ctx, so a caller that stops
 		// does not wait out a connect to a silent host.

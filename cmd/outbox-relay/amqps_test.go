@@ -138,7 +138,9 @@ func TestRunAMQPS(t *testing.T) {
 		v := consumeAll(t, b.broker)
 		p := newRelayProc(t, b.tlsArgs(db, b.url(""))...)
 		p.start()
+		from := binlogPos(ctx, t, db)
 		testload.Produce(ctx, t, db.SQL, v, testload.Load{Producers: 2, Partitions: 4, Total: 200, Exchange: b.broker.Exchange})
+		to := binlogPos(ctx, t, db)
 		waitUnique(ctx, t, v, p, 200)
 		if err := v.Check(validator.ExactlyOnce); err != nil {
 			t.Error(err)
@@ -146,6 +148,26 @@ func TestRunAMQPS(t *testing.T) {
 		checkExternal(t, b.node, tlsClientCN)
 		if code, _ := p.terminate(30 * time.Second); code != 0 {
 			t.Errorf("SIGTERM: exit code %d", code)
+		}
+
+		// replay takes the same flags: the range again, over TLS.
+		replay := func(url, ca string) result {
+			return runBinary(t, relayBinary(t), nil, "replay", "--mysql-dsn", db.DSN, "--amqp-url", url,
+				"--amqp-tls-ca", ca, "--amqp-tls-cert", b.cert, "--amqp-tls-key", b.key,
+				"--default-exchange", b.broker.Exchange, "--from-gtid", from, "--to-gtid", to, "--json", "--log-format", "console")
+		}
+		if r := replay(b.url(""), b.ca.CertFile); r.code != 0 || !strings.Contains(r.stdout, `"confirmed": 200`) {
+			t.Fatalf("replay over TLS: %+v", r)
+		}
+		for v.Received() < 400 {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%d deliveries, want 200 and 200 replayed", v.Received())
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		if r := replay(b.url(""), testenv.NewCA(t).CertFile); r.code != 2 || !strings.Contains(r.stderr, "TLS") {
+			t.Errorf("replay with a wrong CA: %+v, want exit 2 naming TLS", r)
 		}
 	})
 
