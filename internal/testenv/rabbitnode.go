@@ -39,7 +39,8 @@ var rabbitScriptDirs = []string{
 
 // RabbitNode is a private RabbitMQ node owned by one test: its own node name,
 // AMQP port and distribution port on 127.0.0.1, its own data, log and
-// Erlang-cookie directory under a temporary directory, no plugins. Unlike the
+// Erlang-cookie directory under a temporary directory, no plugins (but see
+// RabbitTLS). Unlike the
 // shared broker of RabbitMQ it may be stopped and started again, which is
 // what broker-outage tests need without breaking every other test.
 //
