@@ -27,6 +27,9 @@ type Config struct {
 	// URL is the broker, amqp://user:pass@host:port/vhost (or amqps://).
 	// The password never appears in errors or logs.
 	URL string
+	// Conn holds the TLS files and the password file, read again at every
+	// dial (see ConnOptions).
+	Conn ConnOptions
 	// ConfirmWindow is the most messages a Channel holds without a Result
 	// (published and not confirmed, parked behind an earlier message of
 	// their key, or confirmed and waiting for an earlier message's Result).
@@ -48,7 +51,8 @@ type Config struct {
 	// broker (redacted URL) and the cause. It must not block.
 	OnDial func(err error)
 	// RetryRefused makes New succeed when the broker refuses the user,
-	// password or vhost (ACCESS_REFUSED, NOT_ALLOWED): the Publisher keeps
+	// password or vhost (ACCESS_REFUSED, NOT_ALLOWED) or TLS fails (see
+	// IsRefused): the Publisher keeps
 	// redialling in the background as for an unreachable broker, so an
 	// operator can fix the broker without the caller giving up what it holds.
 	RetryRefused bool
@@ -71,6 +75,9 @@ func (c *Config) Validate() error {
 	}
 	if uri.Port < 1 || uri.Port > 65535 {
 		return fmt.Errorf("publish config: URL %s: port %d out of range", redactURL(c.URL), uri.Port)
+	}
+	if err := c.Conn.Check(c.URL); err != nil {
+		return fmt.Errorf("publish config: %w", err)
 	}
 	if c.ConfirmWindow == 0 {
 		c.ConfirmWindow = DefaultConfirmWindow

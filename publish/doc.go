@@ -120,6 +120,17 @@
 // once, and under load the frames of many messages, from all lanes, share
 // one system call. Confirms, not writes, still decide what counts as sent.
 //
+// # Connecting
+//
+// Every AMQP connection of the program is dialled here (Dial, and the
+// Publisher's own dials): the URL with ConnOptions, whose TLS files and
+// password file are read again at each dial, so a rotated password or
+// certificate needs no restart. A client certificate without a password
+// logs in with SASL EXTERNAL. Under TLS the batchConn sits below the TLS
+// layer: it batches TLS records. A failed dial names the broker (password
+// masked), the cause and the fix; IsRefused tells a refusal (login, vhost,
+// TLS) from an unreachable broker.
+//
 // # Timestamps
 //
 // The AMQP timestamp property has whole seconds: FromRecord sets created_at

@@ -3,7 +3,6 @@ package publish
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 	"time"
@@ -47,10 +46,10 @@ type Publisher struct {
 	closed   bool
 }
 
-// New validates cfg and dials once, so a bad URL, bad credentials or a vhost
-// the user may not use fail at once with a clear error (ACCESS_REFUSED is
-// fatal unless cfg.RetryRefused). When the broker cannot be reached (connection refused, timeout) New
-// still succeeds and keeps dialling in the background: a relay may start
+// New validates cfg and dials once, so a bad URL, bad credentials, a vhost
+// the user may not use or a TLS failure fail at once with a clear error (a
+// refusal, see IsRefused, is fatal unless cfg.RetryRefused). When the broker
+// cannot be reached (connection refused, timeout) New still succeeds and keeps dialling in the background: a relay may start
 // before its broker. The Publisher lives until Close or until ctx ends; after
 // ctx ends Publish and Flush return ErrClosed, and Close must still be called.
 func New(ctx context.Context, cfg Config) (*Publisher, error) {
@@ -71,8 +70,7 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	}
 	conn, err := p.dial()
 	if err != nil {
-		err = p.dialError(err)
-		if fatalDialError(err) && !cfg.RetryRefused {
+		if IsRefused(err) && !cfg.RetryRefused {
 			cancel()
 			return nil, err
 		}
@@ -85,52 +83,10 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	return p, nil
 }
 
-// fatalDialError tells configuration errors, which retrying cannot fix, from
-// an unreachable broker.
-func fatalDialError(err error) bool {
-	// RabbitMQ 3.10 drops the socket after a failed login, which amqp091
-	// reports as ErrCredentials (403, Server false); a socket cut right after
-	// start-ok looks the same, a rare misdiagnosis at startup only.
-	var aerr *amqp.Error
-	if errors.As(err, &aerr) {
-		return aerr.Code == amqp.AccessRefused || aerr.Code == amqp.NotAllowed
-	}
-	return false
-}
-
+// dial opens a connection with the configured options, reading their files
+// again (a rotated password takes effect here), under a batchConn.
 func (p *Publisher) dial() (*amqp.Connection, error) {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName("outbox-relay publish")
-	return amqp.DialConfig(p.cfg.URL, amqp.Config{
-		Properties: props,
-		Dial: func(network, addr string) (net.Conn, error) {
-			// Unlike amqp.DefaultDial this honours the Publisher's context, so
-			// Close does not wait out a connect to a silent host.
-			d := net.Dialer{Timeout: dialTimeout}
-			conn, err := d.DialContext(p.ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			if err := conn.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
-				conn.Close()
-				return nil, err
-			}
-			return newBatchConn(conn), nil
-		},
-	})
-}
-
-// dialError names the broker (redacted URL) and, for a refusal, what to
-// check.
-func (p *Publisher) dialError(err error) error {
-	var ae *amqp.Error
-	switch {
-	case errors.As(err, &ae) && ae.Code == amqp.NotAllowed:
-		return fmt.Errorf("connect to AMQP broker %s: the vhost is refused (NOT_ALLOWED): check that it exists and the user may use it: %w", redactURL(p.cfg.URL), err)
-	case fatalDialError(err):
-		return fmt.Errorf("connect to AMQP broker %s: ACCESS_REFUSED, check the user, password and vhost: %w", redactURL(p.cfg.URL), err)
-	}
-	return fmt.Errorf("connect to AMQP broker %s: %w", redactURL(p.cfg.URL), err)
+	return dial(p.ctx, p.cfg.URL, p.cfg.Conn, "outbox-relay publish", func(c net.Conn) net.Conn { return newBatchConn(c) })
 }
 
 func (p *Publisher) noteDial(err error) {
@@ -157,7 +113,6 @@ func (p *Publisher) supervise(conn *amqp.Connection) {
 				if p.ctx.Err() != nil {
 					return
 				}
-				err = p.dialError(err)
 				p.log.Warn("dial AMQP broker", zap.Error(err))
 				p.noteDial(err)
 				continue

@@ -11,17 +11,19 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // Config is the relay's configuration; zero values take the defaults below.
 type Config struct {
 	MySQLDSN        string // go-sql-driver form user:pass@tcp(host:port)/db
 	AMQPURL         string
-	Table           string // default "outbox"
-	RelayName       string // default "default"
-	ServerID        uint32 // our replica server id; default 7_364_000 + a value derived from the relay name
-	DefaultExchange string // exchange for rows whose exchange is ''
-	OnDelivered     string // checkpoint.Delete (default) or checkpoint.Mark
+	AMQPOptions     publish.ConnOptions // TLS files and password file for AMQPURL, read at every dial
+	Table           string              // default "outbox"
+	RelayName       string              // default "default"
+	ServerID        uint32              // our replica server id; default 7_364_000 + a value derived from the relay name
+	DefaultExchange string              // exchange for rows whose exchange is ''
+	OnDelivered     string              // checkpoint.Delete (default) or checkpoint.Mark
 
 	Mode                string        // ModeAuto (default), ModeBinlog or ModePoll
 	FallbackAfter       time.Duration // auto: binlog trouble this long (database answering) → poll; default 30s
@@ -90,6 +92,9 @@ func (c *Config) Validate() error {
 	}
 	if c.AMQPURL == "" {
 		return bad("amqp-url is empty: set --amqp-url amqp://user:pass@host:5672/")
+	}
+	if err := c.AMQPOptions.Check(c.AMQPURL); err != nil {
+		return bad("%w", err)
 	}
 	if c.Table == "" {
 		c.Table = "outbox"

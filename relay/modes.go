@@ -308,12 +308,12 @@ func (r *Relay) stopRounds(ctx context.Context, stop chan<- struct{}, done <-cha
 
 func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 	pub, err := publish.New(ctx, publish.Config{
-		URL: r.cfg.AMQPURL, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
+		URL: r.cfg.AMQPURL, Conn: r.cfg.AMQPOptions, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
 		Logger:      r.log.Named("publish"),
 		OnReconnect: func() { r.cfg.Metrics.Reconnected(metrics.TargetAMQP) },
-		// A broker that refuses or cannot be reached is retried while the
-		// relay keeps leadership; each failed attempt is counted and is
-		// the readiness reason until a dial succeeds.
+		// A broker that refuses (login, vhost, TLS) or cannot be reached
+		// is retried while the relay keeps leadership; each failed attempt
+		// is counted and is the readiness reason until a dial succeeds.
 		RetryRefused: true,
 		OnDial: func(err error) {
 			if err == nil {

@@ -33,7 +33,9 @@ const (
 type Config struct {
 	MySQLDSN string // go-sql-driver form user:pass@tcp(host:port)/db; the user needs REPLICATION SLAVE and REPLICATION CLIENT
 	AMQPURL  string // ignored by a dry run
-	Table    string // outbox table; default "outbox"
+	// AMQPOptions are the TLS files and the password file for AMQPURL.
+	AMQPOptions publish.ConnOptions
+	Table       string // outbox table; default "outbox"
 	// RelayName is the relay whose current epoch the messages carry in
 	// x-relay-epoch (read from its progress row; 0 when it has none).
 	// Default "default".
@@ -143,7 +145,7 @@ func (c *Config) Validate() error {
 	if !c.DryRun {
 		// Checked here, with the password kept out of the message, before
 		// anything dials it.
-		pc := publish.Config{URL: c.AMQPURL}
+		pc := publish.Config{URL: c.AMQPURL, Conn: c.AMQPOptions}
 		if err := pc.Validate(); err != nil {
 			return refused("replay: %v", err)
 		}

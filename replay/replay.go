@@ -77,13 +77,13 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 
 	var pub *publish.Publisher
 	if !cfg.DryRun {
-		if err := checkBroker(cfg.AMQPURL, cfg.Exchange); err != nil {
+		if err := checkBroker(ctx, cfg.AMQPURL, cfg.AMQPOptions, cfg.Exchange); err != nil {
 			return nil, err
 		}
 		// The publisher outlives ctx so that an interrupted replay still
 		// waits (FlushTimeout) for the confirms of what it published.
 		pub, err = publish.New(context.WithoutCancel(ctx), publish.Config{
-			URL: cfg.AMQPURL, ConfirmWindow: cfg.ConfirmWindow, MaxAttempts: cfg.MaxAttempts,
+			URL: cfg.AMQPURL, Conn: cfg.AMQPOptions, ConfirmWindow: cfg.ConfirmWindow, MaxAttempts: cfg.MaxAttempts,
 			Logger: log.Named("publish"),
 		})
 		if err != nil {
@@ -225,12 +225,16 @@ func relayEpoch(ctx context.Context, db *sql.DB, name string) (int64, error) {
 }
 
 // checkBroker fails a replay whose broker cannot be reached now (the
-// publisher would wait for it in silence) and refuses an --exchange that
-// does not exist (every message would come back).
-func checkBroker(url, exchange string) error {
-	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+// publisher would wait for it in silence), refuses one that refuses the
+// login or the TLS handshake (a configuration to fix), and refuses an
+// --exchange that does not exist (every message would come back).
+func checkBroker(ctx context.Context, url string, opts publish.ConnOptions, exchange string) error {
+	conn, err := publish.Dial(ctx, url, opts, "outbox-relay replay check")
+	if publish.IsRefused(err) {
+		return &RefusedError{fmt.Errorf("replay: %w", err)}
+	}
 	if err != nil {
-		return fmt.Errorf("replay: connect to the AMQP broker: %w", err)
+		return fmt.Errorf("replay: %w", err)
 	}
 	defer conn.Close()
 	if exchange == "" {

@@ -37,7 +37,7 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	var asJSON bool
 	var modes string
 	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3308)/bench", "binlog-enabled MySQL/MariaDB `dsn`; its outbox is emptied")
-	fs.StringVar(&cfg.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ `url`")
+	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
 	fs.StringVar(&modes, "modes", "binlog,poll", "comma-separated relay modes to measure side by side")
 	fs.Float64Var(&cfg.Rate, "rate", 500, "messages per second in the latency phase")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase")
@@ -48,6 +48,9 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of the table")
 	return func(ctx context.Context, inv *invocation) error {
 		if err := noArgs(inv, "bench"); err != nil {
+			return err
+		}
+		if err := checkAMQP(cfg.AMQPURL, cfg.AMQPOptions); err != nil {
 			return err
 		}
 		exe, err := os.Executable()

@@ -56,4 +56,10 @@
 //
 // Logs are JSON on stderr (--log-format console for people); command output
 // goes to stdout. Passwords in DSNs and AMQP URLs are never printed.
+//
+// TLS to RabbitMQ: an amqps:// --amqp-url with --amqp-tls-ca, and
+// --amqp-tls-cert and --amqp-tls-key for a client certificate (alone, without
+// a password, it logs in with SASL EXTERNAL); --amqp-password-file instead of
+// a password in the URL, read again at every connect. run, replay and bench
+// take them; docs/operations.md, "Security", has the details.
 package main

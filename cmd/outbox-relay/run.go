@@ -48,7 +48,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	maxInflight := byteSize(64 << 20)
 	var serverID uint
 	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT")
-	fs.StringVar(&cfg.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ `url`")
+	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
 	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
 	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name`: one leader per name, one progress row per name")
 	fs.UintVar(&serverID, "server-id", 0, "replica server `id` the relay reads the binlog as; unique among the server's replicas (0 = derived from --relay-name)")
@@ -79,7 +79,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 		if serverID > 1<<32-1 {
 			return usagef("--server-id %d: at most %d", serverID, uint32(1<<32-1))
 		}
-		if err := checkAMQPURL(cfg.AMQPURL); err != nil {
+		if err := checkAMQP(cfg.AMQPURL, cfg.AMQPOptions); err != nil {
 			return err
 		}
 		cfg.ServerID = uint32(serverID)

@@ -20,15 +20,17 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // Config says what to measure and where.
 type Config struct {
 	MySQLDSN      string // a binlog-enabled server; its database is emptied
 	AMQPURL       string
-	RelayBinary   string   // the outbox-relay executable to run
-	Modes         []string // relay modes to measure side by side: "binlog", "poll"
-	Rate          float64  // messages per second in the latency phase; default 500
+	AMQPOptions   publish.ConnOptions // TLS files and password file, for every connection bench and its relay open
+	RelayBinary   string              // the outbox-relay executable to run
+	Modes         []string            // relay modes to measure side by side: "binlog", "poll"
+	Rate          float64             // messages per second in the latency phase; default 500
 	Duration      time.Duration
 	Backlog       int
 	PayloadBytes  int
@@ -41,6 +43,9 @@ type Config struct {
 func (c *Config) Validate() error {
 	if c.MySQLDSN == "" || c.AMQPURL == "" || c.RelayBinary == "" {
 		return errors.New("bench needs a MySQL DSN, an AMQP URL and the relay binary")
+	}
+	if err := c.AMQPOptions.Check(c.AMQPURL); err != nil {
+		return fmt.Errorf("bench: %w", err)
 	}
 	if c.Rate <= 0 {
 		c.Rate = 500
@@ -138,7 +143,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
 		return nil, fmt.Errorf("bench: migrate: %w", err)
 	}
-	cons, err := newConsumer(cfg.AMQPURL)
+	cons, err := newConsumer(ctx, cfg.AMQPURL, cfg.AMQPOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -349,9 +354,9 @@ func (b *bencher) latency(ctx context.Context, phase string) (lats, commits []ti
 // and returns each message's publish → receive time: what the broker and
 // the consumer alone add, at that moment, to the relay's figures.
 func (b *bencher) bareLatency(ctx context.Context, phase string) ([]time.Duration, error) {
-	conn, err := amqp.Dial(b.cfg.AMQPURL)
+	conn, err := publish.Dial(ctx, b.cfg.AMQPURL, b.cfg.AMQPOptions, "outbox-relay bench bare publisher")
 	if err != nil {
-		return nil, fmt.Errorf("bare latency: connect: %w", err)
+		return nil, fmt.Errorf("bare latency: %w", err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -470,6 +475,14 @@ func (b *bencher) startRelay(ctx context.Context, mode string) (*relayProc, erro
 	args := []string{"run", "--mysql-dsn", b.cfg.MySQLDSN, "--amqp-url", b.cfg.AMQPURL,
 		"--relay-name", relayName, "--default-exchange", exchangeName, "--log-format", "console", "--metrics-addr", "127.0.0.1:0",
 		"--confirm-window", fmt.Sprint(b.cfg.ConfirmWindow), "--mode", mode}
+	o := b.cfg.AMQPOptions
+	for _, f := range [][2]string{
+		{"--amqp-tls-ca", o.TLSCA}, {"--amqp-tls-cert", o.TLSCert}, {"--amqp-tls-key", o.TLSKey}, {"--amqp-password-file", o.PasswordFile},
+	} {
+		if f[1] != "" {
+			args = append(args, f[0], f[1])
+		}
+	}
 	cmd := exec.CommandContext(ctx, b.cfg.RelayBinary, args...)
 	b.logs.Reset()
 	cmd.Stdout, cmd.Stderr = b.logs, b.logs
@@ -515,9 +528,9 @@ func (p *relayProc) kill() {
 // channel with the same confirm window, and returns msgs/s until the queue
 // held them all (toQueue), measured exactly as the relay's catch-up.
 func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error) {
-	conn, err := amqp.Dial(b.cfg.AMQPURL)
+	conn, err := publish.Dial(ctx, b.cfg.AMQPURL, b.cfg.AMQPOptions, "outbox-relay bench bare publisher")
 	if err != nil {
-		return 0, fmt.Errorf("connect: %w", err)
+		return 0, err
 	}
 	defer conn.Close()
 	payload := bytes.Repeat([]byte("x"), b.cfg.PayloadBytes)

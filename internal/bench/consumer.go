@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // consumer receives from the bench queue and counts distinct message ids
@@ -27,10 +29,10 @@ type consumer struct {
 	changed chan struct{}
 }
 
-func newConsumer(url string) (*consumer, error) {
-	conn, err := amqp.Dial(url)
+func newConsumer(ctx context.Context, url string, opts publish.ConnOptions) (*consumer, error) {
+	conn, err := publish.Dial(ctx, url, opts, "outbox-relay bench consumer")
 	if err != nil {
-		return nil, fmt.Errorf("bench: connect to RabbitMQ: %w", err)
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	c := &consumer{conn: conn, changed: make(chan struct{}, 1)}
 	if err := c.setup(); err != nil {

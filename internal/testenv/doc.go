@@ -9,7 +9,9 @@
 //   - RabbitMQ: a private durable topic exchange and queue on the broker at
 //     OUTBOX_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/), or
 //     StartRabbitMQ: a private node of the test's own that it may stop and
-//     start (stopping the shared broker would break every other test).
+//     start (stopping the shared broker would break every other test), with
+//     a TLS listener that verifies client certificates under RabbitTLS.
+//   - NewCA and CA.Issue: a private CA and certificates made at test time.
 //   - Proxy: a TCP fault proxy that cuts, refuses or delays connections.
 //
 // When a service is missing the test is skipped, or fails when

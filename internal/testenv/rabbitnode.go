@@ -39,7 +39,8 @@ var rabbitScriptDirs = []string{
 
 // RabbitNode is a private RabbitMQ node owned by one test: its own node name,
 // AMQP port and distribution port on 127.0.0.1, its own data, log and
-// Erlang-cookie directory under a temporary directory, no plugins. Unlike the
+// Erlang-cookie directory under a temporary directory, no plugins (but see
+// RabbitTLS). Unlike the
 // shared broker of RabbitMQ it may be stopped and started again, which is
 // what broker-outage tests need without breaking every other test.
 //
@@ -54,11 +55,37 @@ type RabbitNode struct {
 	ctl      string // rabbitmqctl, "" when not found
 	port     int    // AMQP; fixed once StartRabbitMQ returns
 	distPort int
-	outLog   string // the start script's stdout and stderr
-	nodeLog  string // the broker's log file
+	outLog   string     // the start script's stdout and stderr
+	nodeLog  string     // the broker's log file
+	tls      *rabbitTLS // nil: no TLS listener
+	tlsPort  int        // the TLS listener's port when tls is set
 
 	mu   sync.Mutex
 	proc *process // nil before the first start
+}
+
+// RabbitOption configures a node started by StartRabbitMQ.
+type RabbitOption func(testing.TB, *rabbitOptions)
+
+type rabbitOptions struct{ tls *rabbitTLS }
+
+// rabbitTLS is the node's TLS listener: PEM files of the CA that signs
+// client certificates and of the node's own certificate.
+type rabbitTLS struct{ caFile, certFile, keyFile string }
+
+// RabbitTLS gives the node a second listener, for AMQP over TLS (see
+// AMQPSURL), with a server certificate for "localhost" issued by ca. It
+// verifies the client: a client must present a certificate signed by ca
+// (ssl_options.verify = verify_peer, fail_if_no_peer_cert = true). It also
+// enables the rabbitmq_auth_mechanism_ssl plugin and offers the EXTERNAL
+// mechanism there, the user being the client certificate's common name
+// (ssl_cert_login_from = common_name; see AddUser). The plain listener (URL)
+// stays as it is.
+func RabbitTLS(ca *CA) RabbitOption {
+	return func(t testing.TB, o *rabbitOptions) {
+		cert, key := ca.Issue(t, "localhost")
+		o.tls = &rabbitTLS{caFile: ca.CertFile, certFile: cert, keyFile: key}
+	}
 }
 
 // StartRabbitMQ starts a private RabbitMQ node for this test only (own node
@@ -69,10 +96,15 @@ type RabbitNode struct {
 // to the machine's shared broker. When rabbitmq-server is not installed the
 // test is skipped, or fails under Require.
 //
-// Starting takes about 5 s; prefer RabbitMQ unless the test stops the broker.
-func StartRabbitMQ(t testing.TB) *RabbitNode {
+// Starting takes about 5 s; prefer RabbitMQ unless the test stops the broker
+// or needs an option (RabbitTLS).
+func StartRabbitMQ(t testing.TB, opts ...RabbitOption) *RabbitNode {
 	t.Helper()
-	n, err := newRabbitNode()
+	var o rabbitOptions
+	for _, opt := range opts {
+		opt(t, &o)
+	}
+	n, err := newRabbitNode(o)
 	if err != nil {
 		if errors.Is(err, errMissing) {
 			unavailable(t, "cannot start a private RabbitMQ node: %v", err)
@@ -90,7 +122,7 @@ func StartRabbitMQ(t testing.TB) *RabbitNode {
 	return n
 }
 
-func newRabbitNode() (_ *RabbitNode, err error) {
+func newRabbitNode(o rabbitOptions) (_ *RabbitNode, err error) {
 	script, err := findRabbitScript("rabbitmq-server")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v (Debian package rabbitmq-server)", errMissing, err)
@@ -106,6 +138,7 @@ func newRabbitNode() (_ *RabbitNode, err error) {
 		script: script,
 		ctl:    ctl,
 		outLog: filepath.Join(dir, "rabbitmq-server.out"),
+		tls:    o.tls,
 	}
 	n.nodeLog = filepath.Join(dir, "log", n.name+".log")
 	defer func() {
@@ -121,8 +154,12 @@ func newRabbitNode() (_ *RabbitNode, err error) {
 	// An Erlang cookie of its own (HOME points here): nothing depends on, or
 	// races to create, the invoking user's ~/.erlang.cookie.
 	cookie := fmt.Sprintf("OUTBOXTEST%016X", rand.Uint64())
+	plugins := "[].\n"
+	if n.tls != nil {
+		plugins = "[rabbitmq_auth_mechanism_ssl].\n"
+	}
 	files := map[string]string{
-		"enabled_plugins":                       "[].\n",
+		"enabled_plugins":                       plugins,
 		"rabbitmq-env.conf":                     "", // instead of /etc/rabbitmq/rabbitmq-env.conf (its NODENAME)
 		filepath.Join("home", ".erlang.cookie"): cookie,
 	}
@@ -160,11 +197,11 @@ func findRabbitScript(name string) (string, error) {
 	return lookBinary(name)
 }
 
-// pickPorts chooses free ports for AMQP and distribution and writes the
-// configuration file (which also keeps /etc/rabbitmq/rabbitmq.conf, with
+// pickPorts chooses free ports for AMQP, distribution and TLS and writes
+// the configuration file (which also keeps /etc/rabbitmq/rabbitmq.conf, with
 // the shared broker's listener, from being read).
 func (n *RabbitNode) pickPorts() error {
-	var ports [2]int
+	var ports [3]int
 	var lns []net.Listener
 	for i := range ports {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -182,6 +219,17 @@ func (n *RabbitNode) pickPorts() error {
 	}
 	n.port, n.distPort = ports[0], ports[1]
 	conf := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nlog.console = false\nlog.file.level = info\n", n.port)
+	if n.tls != nil {
+		n.tlsPort = ports[2]
+		conf += fmt.Sprintf("listeners.ssl.1 = 127.0.0.1:%d\n", n.tlsPort) +
+			"ssl_options.cacertfile = " + n.tls.caFile + "\n" +
+			"ssl_options.certfile = " + n.tls.certFile + "\n" +
+			"ssl_options.keyfile = " + n.tls.keyFile + "\n" +
+			"ssl_options.verify = verify_peer\n" +
+			"ssl_options.fail_if_no_peer_cert = true\n" +
+			"auth_mechanisms.1 = PLAIN\nauth_mechanisms.2 = AMQPLAIN\nauth_mechanisms.3 = EXTERNAL\n" +
+			"ssl_cert_login_from = common_name\n"
+	}
 	path := filepath.Join(n.dir, "rabbitmq.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
@@ -366,6 +414,26 @@ func (n *RabbitNode) URL() string {
 // Addr returns the AMQP listener's host:port, e.g. as a Proxy upstream.
 func (n *RabbitNode) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.port)) }
 
+// AMQPSURL returns the URL of the node's TLS listener,
+// amqps://guest:guest@localhost:PORT/ (the host its certificate names), or
+// "" when the node was started without RabbitTLS. A client must present a
+// certificate signed by the node's CA.
+func (n *RabbitNode) AMQPSURL() string {
+	if n.tls == nil {
+		return ""
+	}
+	return fmt.Sprintf("amqps://guest:guest@localhost:%d/", n.tlsPort)
+}
+
+// TLSAddr returns the TLS listener's host:port (127.0.0.1, which its
+// certificate does not name), or "" without RabbitTLS.
+func (n *RabbitNode) TLSAddr() string {
+	if n.tls == nil {
+		return ""
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.tlsPort))
+}
+
 // Name returns the Erlang node name (for rabbitmqctl -n; see Ctl).
 func (n *RabbitNode) Name() string { return n.name }
 
@@ -417,6 +485,58 @@ func (n *RabbitNode) Start(t testing.TB) {
 	if err := n.start(); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
+}
+
+// AddUser creates user name with all permissions on the vhost "/". An
+// empty password creates a user without one, who can log in only with the
+// EXTERNAL mechanism (a client certificate whose common name is name, on a
+// node started with RabbitTLS).
+func (n *RabbitNode) AddUser(t testing.TB, name, password string) {
+	t.Helper()
+	if password == "" {
+		// add_user wants a password; clearing it leaves EXTERNAL only.
+		n.Ctl(t, "add_user", name, fmt.Sprintf("unused-%016x", rand.Uint64()))
+		n.Ctl(t, "clear_password", name)
+	} else {
+		n.Ctl(t, "add_user", name, password)
+	}
+	n.Ctl(t, "set_permissions", "-p", "/", name, ".*", ".*", ".*")
+}
+
+// RabbitConnection is one AMQP connection to a node, as rabbitmqctl
+// list_connections shows it.
+type RabbitConnection struct {
+	User          string // the user it logged in as
+	AuthMechanism string // PLAIN, AMQPLAIN, EXTERNAL
+	PID           string // the connection's Erlang process, for close_connection
+}
+
+// Connections lists the node's AMQP connections.
+func (n *RabbitNode) Connections(t testing.TB) []RabbitConnection {
+	t.Helper()
+	out := n.Ctl(t, "list_connections", "-q", "--no-table-headers", "user", "auth_mechanism", "pid")
+	var conns []RabbitConnection
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Split(line, "\t"); len(f) == 3 {
+			conns = append(conns, RabbitConnection{User: f[0], AuthMechanism: f[1], PID: f[2]})
+		}
+	}
+	return conns
+}
+
+// CloseConnections closes every AMQP connection of user on the node, as an
+// operator would (rabbitmqctl close_connection), and returns how many it
+// closed. The clients see a connection.close with CONNECTION_FORCED.
+func (n *RabbitNode) CloseConnections(t testing.TB, user string) int {
+	t.Helper()
+	closed := 0
+	for _, c := range n.Connections(t) {
+		if c.User == user {
+			n.Ctl(t, "close_connection", c.PID, "closed by the test")
+			closed++
+		}
+	}
+	return closed
 }
 
 // Ctl runs rabbitmqctl against this node (rabbitmqctl -n NAME args...) with

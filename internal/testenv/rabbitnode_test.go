@@ -1,6 +1,9 @@
 package testenv_test
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -103,5 +106,54 @@ func TestRabbitNodeBesideSharedBroker(t *testing.T) {
 			t.Fatalf("dial %s: %v", url, err)
 		}
 		c.Close()
+	}
+}
+
+// A node with RabbitTLS serves AMQP over TLS to a client that verifies it
+// with the CA and presents a certificate of the same CA: as guest with a
+// password (PLAIN), and as the certificate's common name without one
+// (EXTERNAL). A client without a certificate is refused; the plain listener
+// still works.
+func TestRabbitNodeTLS(t *testing.T) {
+	ca := testenv.NewCA(t)
+	n := testenv.StartRabbitMQ(t, testenv.RabbitTLS(ca))
+	if !strings.HasPrefix(n.AMQPSURL(), "amqps://guest:guest@localhost:") {
+		t.Fatalf("AMQPSURL %q", n.AMQPSURL())
+	}
+	roots := x509.NewCertPool()
+	pemCA, err := os.ReadFile(ca.CertFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !roots.AppendCertsFromPEM(pemCA) {
+		t.Fatalf("%s holds no certificate", ca.CertFile)
+	}
+	certFile, keyFile := ca.Issue(t, "tls-client")
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(url string, certs []tls.Certificate, sasl []amqp.Authentication) error {
+		c, err := amqp.DialConfig(url, amqp.Config{
+			TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: certs},
+			SASL:            sasl,
+		})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	if err := dial(n.AMQPSURL(), []tls.Certificate{pair}, nil); err != nil {
+		t.Errorf("PLAIN over TLS with a client certificate: %v", err)
+	}
+	n.AddUser(t, "tls-client", "")
+	if err := dial(n.AMQPSURL(), []tls.Certificate{pair}, []amqp.Authentication{&amqp.ExternalAuth{}}); err != nil {
+		t.Errorf("EXTERNAL as the certificate's common name: %v", err)
+	}
+	if err := dial(n.AMQPSURL(), nil, nil); err == nil {
+		t.Error("a client without a certificate was let in")
+	}
+	if err := dial(n.URL(), nil, nil); err != nil {
+		t.Errorf("the plain listener: %v", err)
 	}
 }
