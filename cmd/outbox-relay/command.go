@@ -168,6 +168,27 @@ func printMainUsage(w io.Writer) {
 	fmt.Fprintln(w, "Run 'outbox-relay <command> --help' for its flags. Every flag may also be set")
 	fmt.Fprintln(w, "with OUTBOX_RELAY_<FLAG> (e.g. OUTBOX_RELAY_MYSQL_DSN) or in the --config YAML")
 	fmt.Fprintln(w, "file; flags win over the environment, the environment over the file.")
+	fmt.Fprintf(w, "Flags that override a safety check (%s)\n", strings.Join(overrideNames(), ", "))
+	fmt.Fprintln(w, "count only when typed on the command line: from the environment or the file")
+	fmt.Fprintln(w, "they are refused (exit 2).")
+}
+
+// overrideNames returns the override flags of every command (declareOverride),
+// as --name, sorted.
+func overrideNames() []string {
+	seen := map[string]bool{}
+	var names []string
+	for _, c := range commands {
+		fs, _, _ := newFlagSet(c)
+		fs.VisitAll(func(f *flag.Flag) {
+			if isOverride(f) && !seen[f.Name] {
+				seen[f.Name] = true
+				names = append(names, "--"+f.Name)
+			}
+		})
+	}
+	sort.Strings(names)
+	return names
 }
 
 // printUsage prints a command's help, with each flag's environment variable.
@@ -187,7 +208,11 @@ func printUsage(w io.Writer, c *command, fs *flag.FlagSet) {
 		if typ != "" {
 			line += " " + typ
 		}
-		fmt.Fprintf(w, "%s    (env %s)\n        %s", line, envName(f.Name), text)
+		where := "env " + envName(f.Name)
+		if isOverride(f) {
+			where = "command line only: it overrides a safety check; refused from " + envName(f.Name) + " or a config file"
+		}
+		fmt.Fprintf(w, "%s    (%s)\n        %s", line, where, text)
 		if f.DefValue != "" && f.DefValue != "false" {
 			fmt.Fprintf(w, " (default %q)", f.DefValue)
 		}

@@ -43,6 +43,10 @@
 // the file, the file over the default. An empty environment variable counts
 // as unset. A file key that is no flag of any command is an error; a key that
 // belongs to another command is ignored, so one file can serve all commands.
+// The flags that override a safety check (checkpoint set --force,
+// dedup-cleanup --force, failed retry --all, run --accept-lost-gtids) count
+// only when typed on the command line: set in the environment or the file
+// they are refused (exit 2).
 //
 // --mysql-dsn defaults to root@tcp(127.0.0.1:3306)/outbox, a local
 // development server; the database it names must exist (migrate says how to

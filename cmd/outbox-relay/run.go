@@ -66,7 +66,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 2*time.Second, "leadership heartbeat")
 	fs.DurationVar(&cfg.LeaderLease, "leader-lease", 10*time.Second, "a leader whose heartbeat is older than this is taken over by a standby; at least 3 heartbeat intervals")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown waits for in-flight confirms")
-	fs.BoolVar(&cfg.AcceptLostGTIDs, "accept-lost-gtids", false, "resume on a server that lacks GTIDs this relay already published (a lossy failover): deliver what is pending there and tail from its own position")
+	declareOverride(fs, &cfg.AcceptLostGTIDs, "accept-lost-gtids", "resume on a server that lacks GTIDs this relay already published (a lossy failover): deliver what is pending there and tail from its own position")
 	fs.StringVar(&cfg.StateFile, "state-file", "", "`path` of a local file keeping the newest position this process published, so that a restarted process still detects a lossy failover (empty: memory only; one file per relay name)")
 	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")
 	maint := declareMaintenance(fs)
