@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // ErrClosed is returned by the methods of a closed Publisher or Channel, and
@@ -60,7 +61,7 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	pctx, cancel := context.WithCancel(ctx)
 	p := &Publisher{
 		cfg:      cfg,
-		log:      cfg.Logger.With(zap.String("amqp_url", redactURL(cfg.URL))),
+		log:      cfg.Logger.With(zap.String("amqp_url", redact.URL(cfg.URL))),
 		ctx:      pctx,
 		cancel:   cancel,
 		changed:  make(chan struct{}),
@@ -126,11 +127,11 @@ func (p *Publisher) dialError(err error) error {
 	var ae *amqp.Error
 	switch {
 	case errors.As(err, &ae) && ae.Code == amqp.NotAllowed:
-		return fmt.Errorf("connect to AMQP broker %s: the vhost is refused (NOT_ALLOWED): check that it exists and the user may use it: %w", redactURL(p.cfg.URL), err)
+		return fmt.Errorf("connect to AMQP broker %s: the vhost is refused (NOT_ALLOWED): check that it exists and the user may use it: %w", redact.URL(p.cfg.URL), err)
 	case fatalDialError(err):
-		return fmt.Errorf("connect to AMQP broker %s: ACCESS_REFUSED, check the user, password and vhost: %w", redactURL(p.cfg.URL), err)
+		return fmt.Errorf("connect to AMQP broker %s: ACCESS_REFUSED, check the user, password and vhost: %w", redact.URL(p.cfg.URL), err)
 	}
-	return fmt.Errorf("connect to AMQP broker %s: %w", redactURL(p.cfg.URL), err)
+	return fmt.Errorf("connect to AMQP broker %s: %w", redact.URL(p.cfg.URL), err)
 }
 
 func (p *Publisher) noteDial(err error) {
