@@ -50,6 +50,9 @@ func setupBench(fs *flag.FlagSet) runFunc {
 		if err := noArgs(inv, "bench"); err != nil {
 			return err
 		}
+		if err := checkAMQPURL(cfg.AMQPURL); err != nil {
+			return err
+		}
 		exe, err := os.Executable()
 		if err != nil {
 			return fmt.Errorf("find this executable to run the relay: %w", err)

@@ -59,5 +59,7 @@
 // one-line message saying what to fix.
 //
 // Logs are JSON on stderr (--log-format console for people); command output
-// goes to stdout. Passwords in DSNs and AMQP URLs are never printed.
+// goes to stdout. Passwords in DSNs and AMQP URLs are never printed: DSNs and
+// URLs are shown masked (internal/redact), and everything a command writes,
+// and /readyz, is filtered of the passwords of its --mysql-dsn and --amqp-url.
 package main
