@@ -3,11 +3,12 @@ package publish
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // Defaults applied by Config.Validate.
@@ -66,15 +67,12 @@ func (c *Config) Validate() error {
 	}
 	uri, err := amqp.ParseURI(c.URL)
 	if err != nil {
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			// url.Error repeats the whole URL, password included.
-			return errors.New("publish config: URL cannot be parsed (user name and password must be percent-encoded)")
-		}
-		return fmt.Errorf("publish config: URL %s: %w", redactURL(c.URL), err)
+		// A parse error quotes the URL, and a piece of the password where
+		// it cut one out: redact.ParseError masks both.
+		return fmt.Errorf("publish config: URL %s: %w", redact.URL(c.URL), redact.ParseError(err, c.URL))
 	}
 	if uri.Port < 1 || uri.Port > 65535 {
-		return fmt.Errorf("publish config: URL %s: port %d out of range", redactURL(c.URL), uri.Port)
+		return fmt.Errorf("publish config: URL %s: port %d out of range", redact.URL(c.URL), uri.Port)
 	}
 	if err := c.Conn.Check(c.URL); err != nil {
 		return fmt.Errorf("publish config: %w", err)
@@ -104,14 +102,4 @@ func (c *Config) Validate() error {
 		c.Logger = zap.NewNop()
 	}
 	return nil
-}
-
-// redactURL returns the URL with its password replaced by "xxxxx", or a
-// placeholder when it cannot be parsed (the raw text might hold a password).
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparsable amqp url>"
-	}
-	return u.Redacted()
 }

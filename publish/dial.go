@@ -14,6 +14,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // ConnOptions is what an AMQP connection needs besides its URL: TLS files
@@ -79,24 +81,24 @@ func (o ConnOptions) Check(rawURL string) error {
 func (o ConnOptions) checkURL(raw string) error {
 	uri, err := amqp.ParseURI(raw)
 	if err != nil {
-		return fmt.Errorf("--amqp-url %s does not parse (the form is amqp://user:pass@host:5672/vhost, amqps:// for TLS)", redactURL(raw))
+		return fmt.Errorf("--amqp-url %s does not parse (the form is amqp://user:pass@host:5672/vhost, amqps:// for TLS)", redact.URL(raw))
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("--amqp-url %s does not parse", redactURL(raw))
+		return fmt.Errorf("--amqp-url %s does not parse", redact.URL(raw))
 	}
 	if o.tlsGiven() && uri.Scheme != "amqps" {
-		return fmt.Errorf("--amqp-tls-ca, --amqp-tls-cert and --amqp-tls-key are for TLS, but --amqp-url %s is amqp://: use amqps:// and the broker's TLS port (5671 by default)", redactURL(raw))
+		return fmt.Errorf("--amqp-tls-ca, --amqp-tls-cert and --amqp-tls-key are for TLS, but --amqp-url %s is amqp://: use amqps:// and the broker's TLS port (5671 by default)", redact.URL(raw))
 	}
 	if o.tlsGiven() && (uri.CACertFile != "" || uri.CertFile != "" || uri.KeyFile != "") {
-		return fmt.Errorf("--amqp-url %s has TLS parameters (cacertfile, certfile, keyfile) and --amqp-tls-* are given too: use one or the other", redactURL(raw))
+		return fmt.Errorf("--amqp-url %s has TLS parameters (cacertfile, certfile, keyfile) and --amqp-tls-* are given too: use one or the other", redact.URL(raw))
 	}
 	if o.PasswordFile != "" {
 		if _, has := u.User.Password(); has {
-			return fmt.Errorf("--amqp-url %s has a password and --amqp-password-file %s is given too: remove the password from the URL", redactURL(raw), o.PasswordFile)
+			return fmt.Errorf("--amqp-url %s has a password and --amqp-password-file %s is given too: remove the password from the URL", redact.URL(raw), o.PasswordFile)
 		}
 		if u.User.Username() == "" {
-			return fmt.Errorf("--amqp-password-file %s is given but --amqp-url %s names no user: put the user in the URL, amqp://USER@host:5672/vhost", o.PasswordFile, redactURL(raw))
+			return fmt.Errorf("--amqp-password-file %s is given but --amqp-url %s names no user: put the user in the URL, amqp://USER@host:5672/vhost", o.PasswordFile, redact.URL(raw))
 		}
 	}
 	return nil
@@ -158,7 +160,7 @@ func Dial(ctx context.Context, rawURL string, o ConnOptions, name string) (*amqp
 func dial(ctx context.Context, rawURL string, o ConnOptions, name string, wrap func(net.Conn) net.Conn) (*amqp.Connection, error) {
 	cfg, external, err := o.amqpConfig(rawURL)
 	if err != nil {
-		return nil, &dialError{msg: "connect to AMQP broker " + redactURL(rawURL), err: err}
+		return nil, &dialError{msg: "connect to AMQP broker " + redact.URL(rawURL), err: err}
 	}
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
@@ -266,7 +268,7 @@ func IsRefused(err error) bool {
 // explainDialError names the broker and, where it can tell, the cause and
 // the fix. sawTLS: the server answered an amqp:// client in TLS.
 func explainDialError(rawURL string, o ConnOptions, external, sawTLS bool, err error) error {
-	at := "connect to AMQP broker " + redactURL(rawURL)
+	at := "connect to AMQP broker " + redact.URL(rawURL)
 	refused := func(format string, a ...any) error {
 		return &dialError{msg: at + ": " + fmt.Sprintf(format, a...), refused: true, err: err}
 	}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // ErrClosed is returned by the methods of a closed Publisher or Channel, and
@@ -59,7 +60,7 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	pctx, cancel := context.WithCancel(ctx)
 	p := &Publisher{
 		cfg:      cfg,
-		log:      cfg.Logger.With(zap.String("amqp_url", redactURL(cfg.URL))),
+		log:      cfg.Logger.With(zap.String("amqp_url", redact.URL(cfg.URL))),
 		ctx:      pctx,
 		cancel:   cancel,
 		changed:  make(chan struct{}),

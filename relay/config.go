@@ -3,13 +3,13 @@ package relay
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -85,7 +85,7 @@ func (c *Config) Validate() error {
 	}
 	dsn, err := mysql.ParseDSN(c.MySQLDSN)
 	if err != nil {
-		return bad("mysql-dsn does not parse (want user:pass@tcp(host:port)/db): %s", redactErr(err, c.MySQLDSN))
+		return bad("mysql-dsn does not parse (want user:pass@tcp(host:port)/db): %w", redact.ParseError(err, c.MySQLDSN))
 	}
 	if dsn.DBName == "" {
 		return bad("mysql-dsn names no database: add it after the slash, e.g. user:pass@tcp(host:3306)/app")
@@ -164,13 +164,4 @@ func defaultServerID(name string) uint32 {
 		h = (h ^ uint32(name[i])) * 16777619
 	}
 	return 7_364_000 + h%100_000
-}
-
-// redactErr keeps a DSN's password out of an error message.
-func redactErr(err error, dsn string) string {
-	msg := err.Error()
-	if cfg, e := mysql.ParseDSN(dsn); e == nil && cfg.Passwd != "" {
-		msg = strings.ReplaceAll(msg, cfg.Passwd, "xxxxx")
-	}
-	return msg
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -96,7 +97,7 @@ func New(cfg Config) (*Relay, error) {
 	dsn.Params["time_zone"] = "'+00:00'"
 	connector, err := mysql.NewConnector(dsn)
 	if err != nil {
-		return nil, &ConfigError{fmt.Errorf("mysql-dsn: %s", redactErr(err, cfg.MySQLDSN))}
+		return nil, &ConfigError{fmt.Errorf("mysql-dsn: %w", redact.ParseError(err, cfg.MySQLDSN))}
 	}
 	db := sql.OpenDB(connector)
 	db.SetMaxOpenConns(8)

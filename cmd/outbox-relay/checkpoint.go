@@ -49,7 +49,8 @@ func setupCheckpoint(fs *flag.FlagSet) runFunc {
 	gtid := fs.String("gtid", "", "set: the new checkpoint as a GTID `set` (the server's syntax)")
 	file := fs.String("file", "", "set: the new checkpoint's binlog `file` (servers without GTIDs); with --pos")
 	pos := fs.Uint("pos", 0, "set: the offset in --file")
-	force := fs.Bool("force", false, "set: even while a live leader delivers (its next acknowledgement overwrites the value)")
+	force := new(bool)
+	declareOverride(fs, force, "force", "set: even while a live leader delivers (its next acknowledgement overwrites the value)")
 	return func(ctx context.Context, inv *invocation) error {
 		args, given, err := parseInterleaved(fs, inv.args)
 		if errors.Is(err, flag.ErrHelp) {

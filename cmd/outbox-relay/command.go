@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // command is one subcommand. Each lives in its own file, which registers it
@@ -41,6 +43,11 @@ type invocation struct {
 	stdout io.Writer
 	stderr io.Writer
 	log    *zap.Logger
+	// secrets are the passwords masked in everything the command prints:
+	// its stdout, stderr and log pass through redact.Writer with them, and
+	// what it serves otherwise (/readyz) goes through redact.Scrub with them.
+	// A command that learns another password appends it before using it.
+	secrets *[]string
 }
 
 // commands is the registry, filled by register from init functions and only
@@ -70,7 +77,8 @@ func declareCommon(fs *flag.FlagSet, c *commonFlags) {
 }
 
 // dispatch runs the command args name. secrets receives the passwords found
-// in DSN and URL flags, for the caller to mask in the final error.
+// in DSN and URL flags once the flags are resolved, before the command runs:
+// the caller's writers mask them.
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool), secrets *[]string) error {
 	if len(args) == 0 {
 		printMainUsage(stderr)
@@ -114,7 +122,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, look
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	return runner(ctx, &invocation{args: fs.Args(), stdout: stdout, stderr: stderr, log: log.With(zap.String("command", name))})
+	return runner(ctx, &invocation{args: fs.Args(), stdout: stdout, stderr: stderr, log: log.With(zap.String("command", name)), secrets: secrets})
 }
 
 // newFlagSet builds c's flag set with the common flags.
@@ -141,7 +149,7 @@ func knownKeys() map[string]bool {
 // noArgs is for commands that take no positional arguments.
 func noArgs(inv *invocation, name string) error {
 	if len(inv.args) > 0 {
-		return usagef("%s takes no arguments, got %q; flags go before arguments, e.g. --table=x", name, inv.args[0])
+		return usagef("%s takes no arguments, got %q; flags go before arguments, e.g. --table=x", name, redact.Value(inv.args[0]))
 	}
 	return nil
 }
@@ -168,6 +176,27 @@ func printMainUsage(w io.Writer) {
 	fmt.Fprintln(w, "Run 'outbox-relay <command> --help' for its flags. Every flag may also be set")
 	fmt.Fprintln(w, "with OUTBOX_RELAY_<FLAG> (e.g. OUTBOX_RELAY_MYSQL_DSN) or in the --config YAML")
 	fmt.Fprintln(w, "file; flags win over the environment, the environment over the file.")
+	fmt.Fprintf(w, "Flags that override a safety check (%s)\n", strings.Join(overrideNames(), ", "))
+	fmt.Fprintln(w, "count only when typed on the command line: from the environment or the file")
+	fmt.Fprintln(w, "they are refused (exit 2).")
+}
+
+// overrideNames returns the override flags of every command (declareOverride),
+// as --name, sorted.
+func overrideNames() []string {
+	seen := map[string]bool{}
+	var names []string
+	for _, c := range commands {
+		fs, _, _ := newFlagSet(c)
+		fs.VisitAll(func(f *flag.Flag) {
+			if isOverride(f) && !seen[f.Name] {
+				seen[f.Name] = true
+				names = append(names, "--"+f.Name)
+			}
+		})
+	}
+	sort.Strings(names)
+	return names
 }
 
 // printUsage prints a command's help, with each flag's environment variable.
@@ -187,7 +216,11 @@ func printUsage(w io.Writer, c *command, fs *flag.FlagSet) {
 		if typ != "" {
 			line += " " + typ
 		}
-		fmt.Fprintf(w, "%s    (env %s)\n        %s", line, envName(f.Name), text)
+		where := "env " + envName(f.Name)
+		if isOverride(f) {
+			where = "command line only: it overrides a safety check; refused from " + envName(f.Name) + " or a config file"
+		}
+		fmt.Fprintf(w, "%s    (%s)\n        %s", line, where, text)
 		if f.DefValue != "" && f.DefValue != "false" {
 			fmt.Fprintf(w, " (default %q)", f.DefValue)
 		}

@@ -29,7 +29,9 @@ func envName(flagName string) string {
 // else from the config file (--config, or OUTBOX_RELAY_CONFIG), else it keeps
 // its default. known is the set of keys a config file may use (the flags of
 // all commands); keys of other commands are ignored, unknown keys refused.
-// Every failure is a usage error naming the variable or key.
+// An override flag (declareOverride) set in the environment or the file is
+// refused, whether or not it is also on the command line: it counts only
+// there. Every failure is a usage error naming the variable or key.
 func resolve(fs *flag.FlagSet, lookupEnv func(string) (string, bool), known map[string]bool) error {
 	fromCLI := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { fromCLI[f.Name] = true })
@@ -37,11 +39,19 @@ func resolve(fs *flag.FlagSet, lookupEnv func(string) (string, bool), known map[
 	fromEnv := map[string]bool{}
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if err != nil || fromCLI[f.Name] {
+		if err != nil {
 			return
 		}
 		v, ok := lookupEnv(envName(f.Name))
 		if !ok || v == "" {
+			return
+		}
+		if isOverride(f) {
+			err = usagef("environment %s sets --%s, which overrides a safety check and counts only when typed on the command line: unset %s and give --%s on the command where you mean it",
+				envName(f.Name), f.Name, envName(f.Name), f.Name)
+			return
+		}
+		if fromCLI[f.Name] {
 			return
 		}
 		if e := fs.Set(f.Name, v); e != nil {
@@ -65,6 +75,10 @@ func resolve(fs *flag.FlagSet, lookupEnv func(string) (string, bool), known map[
 	}
 	for _, kv := range values {
 		f := fs.Lookup(kv.key)
+		if f != nil && isOverride(f) {
+			return usagef("config file %s:%d: key %q: --%s overrides a safety check and counts only when typed on the command line: remove it from the file and give --%s on the command where you mean it",
+				path, kv.line, kv.key, kv.key, kv.key)
+		}
 		if f == nil || fromCLI[kv.key] || fromEnv[kv.key] {
 			continue // another command's key, or overridden
 		}
@@ -126,7 +140,10 @@ func explainParseError(fs *flag.FlagSet, err error) error {
 var invalidValue = regexp.MustCompile(`^invalid value ("(?:[^"\\]|\\.)*") for flag -([^:]+): `)
 
 // keyValue is one entry of a config file, in file order.
-type keyValue struct{ key, value string }
+type keyValue struct {
+	key, value string
+	line       int
+}
 
 // loadConfigFile reads a YAML mapping of flag names to scalar values.
 func loadConfigFile(path string, known map[string]bool) ([]keyValue, error) {
@@ -172,7 +189,47 @@ func loadConfigFile(path string, known map[string]bool) ([]keyValue, error) {
 		seen[key] = true
 		// The scalar's text as written: "5s", "true" and "0x10" reach the
 		// flag parser unchanged.
-		out = append(out, keyValue{key, v.Value})
+		out = append(out, keyValue{key, v.Value, k.Line})
 	}
 	return out, nil
 }
+
+// overrideFlag is the value of a boolean flag that overrides a refusal
+// (--force, --all, --accept-lost-gtids): it counts only when typed on the
+// command line. resolve refuses it from the environment or a config file,
+// and the help says so. Such flags are declared with declareOverride, the one
+// place that marks them.
+type overrideFlag struct{ p *bool }
+
+// declareOverride declares a boolean flag that overrides a refusal, like
+// fs.BoolVar (default false).
+func declareOverride(fs *flag.FlagSet, p *bool, name, usage string) {
+	fs.Var(overrideFlag{p}, name, usage)
+}
+
+// isOverride reports whether f overrides a refusal (declareOverride).
+func isOverride(f *flag.Flag) bool {
+	_, ok := f.Value.(overrideFlag)
+	return ok
+}
+
+func (o overrideFlag) String() string {
+	if o.p == nil { // the flag package's zero value, for its default check
+		return "false"
+	}
+	return strconv.FormatBool(*o.p)
+}
+
+func (o overrideFlag) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("want true or false")
+	}
+	*o.p = v
+	return nil
+}
+
+// IsBoolFlag lets --force stand without a value.
+func (o overrideFlag) IsBoolFlag() bool { return true }
+
+func (o overrideFlag) Get() any { return *o.p }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +145,81 @@ func TestResolveEmptyFile(t *testing.T) {
 		_ = fs.Parse([]string{"--config", writeFile(t, content)})
 		if err := resolve(fs, envMap(nil), known(fs)); err != nil || f.a != "default-a" {
 			t.Fatalf("%q: %v, %q", content, err, f.a)
+		}
+	}
+}
+
+// An override flag (declareOverride) counts only on the command line: set in
+// the environment or the file it is refused with a usage error naming the
+// flag, even when it is typed too; typed alone it is set.
+func TestResolveOverrideOnlyFromCommandLine(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		file string
+		want string // in the error; "" for none
+		set  bool   // the flag's value without an error
+	}{
+		{"typed", []string{"--force"}, nil, "", "", true},
+		{"typed false", []string{"--force=false"}, nil, "", "", false},
+		{"not set", nil, nil, "flag-a: x\n", "", false},
+		{"empty in the environment", nil, map[string]string{"OUTBOX_RELAY_FORCE": ""}, "", "", false},
+		{"environment", nil, map[string]string{"OUTBOX_RELAY_FORCE": "true"}, "", "environment OUTBOX_RELAY_FORCE sets --force", false},
+		{"environment false", nil, map[string]string{"OUTBOX_RELAY_FORCE": "false"}, "", "environment OUTBOX_RELAY_FORCE sets --force", false},
+		{"environment and typed", []string{"--force"}, map[string]string{"OUTBOX_RELAY_FORCE": "true"}, "", "environment OUTBOX_RELAY_FORCE sets --force", false},
+		{"file", nil, nil, "flag-a: x\nforce: true\n", `:2: key "force": --force`, false},
+		{"file and typed", []string{"--force"}, nil, "force: yes\n", `key "force": --force`, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fs, _ := newTestFlagSet()
+			force := new(bool)
+			declareOverride(fs, force, "force", "override a refusal")
+			args := c.args
+			if c.file != "" {
+				args = append(args, "--config", writeFile(t, c.file))
+			}
+			if err := fs.Parse(args); err != nil {
+				t.Fatal(err)
+			}
+			err := resolve(fs, envMap(c.env), known(fs))
+			if c.want == "" {
+				if err != nil || *force != c.set {
+					t.Fatalf("err %v, --force %v; want no error, --force %v", err, *force, c.set)
+				}
+				return
+			}
+			var ue *usageError
+			if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "only when typed on the command line") {
+				t.Fatalf("err = %v, want a usage error with %q saying it counts only when typed on the command line", err, c.want)
+			}
+			if len(c.args) == 0 && *force {
+				t.Fatal("--force set from the environment or the file although refused")
+			}
+		})
+	}
+}
+
+// The flags that override a refusal are declared with declareOverride, so
+// resolve refuses them from the environment and the file: these, and no
+// other flag named like one.
+func TestOverrideFlagsDeclared(t *testing.T) {
+	want := map[string]string{"checkpoint": "force", "dedup-cleanup": "force", "failed": "all", "run": "accept-lost-gtids"}
+	looksLikeOne := regexp.MustCompile(`^(force|all|yes)$|^(accept|allow|skip|ignore|no-check)-`)
+	for name, c := range commands {
+		fs, _, _ := newFlagSet(c)
+		var got []string
+		fs.VisitAll(func(f *flag.Flag) {
+			switch {
+			case isOverride(f):
+				got = append(got, f.Name)
+			case looksLikeOne.MatchString(f.Name):
+				t.Errorf("%s --%s reads like an override of a safety check but is not declared with declareOverride", name, f.Name)
+			}
+		})
+		if strings.Join(got, ",") != want[name] {
+			t.Errorf("%s: override flags %v, want %q", name, got, want[name])
 		}
 	}
 }

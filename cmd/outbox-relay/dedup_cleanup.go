@@ -41,7 +41,8 @@ func setupDedupCleanup(fs *flag.FlagSet) runFunc {
 	})
 	floor := newAge(maintenance.DefaultDedupFloor)
 	declareDedupFloor(fs, &floor)
-	force := fs.Bool("force", false, "delete even when --older-than is below --dedup-min-age")
+	force := new(bool)
+	declareOverride(fs, force, "force", "delete even when --older-than is below --dedup-min-age")
 	dryRun := fs.Bool("dry-run", false, "count the records that would be deleted and delete nothing")
 	batch := declareBatch(fs)
 	return func(ctx context.Context, inv *invocation) error {

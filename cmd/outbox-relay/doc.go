@@ -43,6 +43,10 @@
 // the file, the file over the default. An empty environment variable counts
 // as unset. A file key that is no flag of any command is an error; a key that
 // belongs to another command is ignored, so one file can serve all commands.
+// The flags that override a safety check (checkpoint set --force,
+// dedup-cleanup --force, failed retry --all, run --accept-lost-gtids) count
+// only when typed on the command line: set in the environment or the file
+// they are refused (exit 2).
 //
 // --mysql-dsn defaults to root@tcp(127.0.0.1:3306)/outbox, a local
 // development server; the database it names must exist (migrate says how to
@@ -55,7 +59,9 @@
 // one-line message saying what to fix.
 //
 // Logs are JSON on stderr (--log-format console for people); command output
-// goes to stdout. Passwords in DSNs and AMQP URLs are never printed.
+// goes to stdout. Passwords in DSNs and AMQP URLs are never printed: DSNs and
+// URLs are shown masked (internal/redact), and everything a command writes,
+// and /readyz, is filtered of the passwords of its --mysql-dsn and --amqp-url.
 //
 // TLS to RabbitMQ: an amqps:// --amqp-url with --amqp-tls-ca, and
 // --amqp-tls-cert and --amqp-tls-key for a client certificate (alone, without

@@ -92,10 +92,11 @@ func setupFailed(fs *flag.FlagSet) runFunc {
 		o:      declareOps(fs, "failed"),
 		limit:  fs.Int("limit", 50, "list: at most this many messages, newest first"),
 		source: fs.String("source", "", "list: only messages given up by the relay or an inbox (relay|inbox)"),
-		all:    fs.Bool("all", false, "retry: every message in outbox_failed"),
+		all:    new(bool),
 		dryRun: fs.Bool("dry-run", false, "retry, purge: print what would change and change nothing"),
 		older:  &ageValue{},
 	}
+	declareOverride(fs, fl.all, "all", "retry: every message in outbox_failed")
 	fs.Var(fl.older, "older-than", "purge: delete failures older than this `age`, "+ageHelp)
 	fl.batch = declareBatch(fs)
 	return func(ctx context.Context, inv *invocation) error {

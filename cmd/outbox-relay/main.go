@@ -7,8 +7,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // Exit codes (docs/operations.md).
@@ -38,16 +41,25 @@ func usagef(format string, args ...any) error {
 }
 
 // run is main without the process: it dispatches args to a command and
-// returns the exit code. Errors are printed as one line on stderr, with the
-// passwords of every DSN and URL flag masked.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) int {
+// returns the exit code. Errors are printed as one line on stderr. Whatever
+// the command prints on stdout and stderr (its log included) passes through
+// redact.Writer with the passwords of its DSN and URL flags, and so does a
+// panic of this goroutine: printed with its stack, exit code 1 (a runtime
+// failure). A panic of another goroutine is printed by the Go runtime.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) (code int) {
 	var secrets []string
+	stdout, stderr = redact.Writer(stdout, &secrets), redact.Writer(stderr, &secrets)
+	defer func() {
+		if p := recover(); p != nil {
+			fmt.Fprintf(stderr, "panic: %v\n\n%s", p, debug.Stack())
+			code = exitFailure
+		}
+	}()
 	err := dispatch(ctx, args, stdout, stderr, lookupEnv, &secrets)
 	if err == nil {
 		return exitOK
 	}
-	msg := scrub(err.Error(), secrets)
-	fmt.Fprintf(stderr, "outbox-relay: %s\n", strings.ReplaceAll(msg, "\n", " "))
+	fmt.Fprintf(stderr, "outbox-relay: %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		return exitUsage

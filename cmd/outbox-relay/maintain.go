@@ -19,6 +19,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/maintenance"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -262,11 +263,11 @@ func (m *maintenanceFlags) install(cfg *relay.Config, log *zap.Logger) (closeFn 
 	}
 	dsn, err := mysql.ParseDSN(cfg.MySQLDSN)
 	if err != nil {
-		return nil, usagef("--mysql-dsn %q: %v", redactDSN(cfg.MySQLDSN), err)
+		return nil, usagef("--mysql-dsn %q: %v", redact.DSN(cfg.MySQLDSN), redact.ParseError(err, cfg.MySQLDSN))
 	}
 	connector, err := mysql.NewConnector(dsn)
 	if err != nil {
-		return nil, usagef("--mysql-dsn %q: %v", redactDSN(cfg.MySQLDSN), err)
+		return nil, usagef("--mysql-dsn %q: %v", redact.DSN(cfg.MySQLDSN), redact.ParseError(err, cfg.MySQLDSN))
 	}
 	db := sql.OpenDB(connector) // connects on first use: the relay reports an unreachable server
 	db.SetMaxOpenConns(2)

@@ -11,6 +11,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -79,17 +80,17 @@ func setupMigrate(fs *flag.FlagSet) runFunc {
 func openMySQL(ctx context.Context, dsn string) (*sql.DB, string, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		return nil, "", usagef("--mysql-dsn %q: %v; the form is user:pass@tcp(host:port)/dbname", redactDSN(dsn), err)
+		return nil, "", usagef("--mysql-dsn %q: %v; the form is user:pass@tcp(host:port)/dbname", redact.DSN(dsn), redact.ParseError(err, dsn))
 	}
 	if cfg.DBName == "" {
-		return nil, "", usagef("--mysql-dsn %q names no database; add it after the slash: user:pass@tcp(host:port)/dbname", redactDSN(dsn))
+		return nil, "", usagef("--mysql-dsn %q names no database; add it after the slash: user:pass@tcp(host:port)/dbname", redact.DSN(dsn))
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 10 * time.Second // dial timeout; the OS default can be minutes
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, "", usagef("--mysql-dsn %q: %v", redactDSN(dsn), err)
+		return nil, "", usagef("--mysql-dsn %q: %v", redact.DSN(dsn), redact.ParseError(err, dsn))
 	}
 	db := sql.OpenDB(connector)
 	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -101,7 +102,7 @@ func openMySQL(ctx context.Context, dsn string) (*sql.DB, string, error) {
 			return nil, "", fmt.Errorf("database %q does not exist on %s; create it first (CREATE DATABASE `%s` CHARACTER SET utf8mb4) or fix --mysql-dsn",
 				cfg.DBName, cfg.Addr, cfg.DBName)
 		}
-		return nil, "", fmt.Errorf("connect to MySQL %q: %w", redactDSN(dsn), err)
+		return nil, "", fmt.Errorf("connect to MySQL %q: %w", redact.DSN(dsn), err)
 	}
 	return db, cfg.DBName, nil
 }

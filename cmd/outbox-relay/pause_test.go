@@ -406,3 +406,18 @@ func brokerProxy(t *testing.T, b *testenv.Broker) (*testenv.FaultProxy, string) 
 	}
 	return proxy, u.String()
 }
+
+// pause of a relay whose leader stopped for the pause and then exited (no
+// leader left in the row): it says the relay is paused with no leader
+// running, instead of crashing on the missing leader.
+func TestCLIPauseAgainAfterLeaderLeft(t *testing.T) {
+	db := opsDB(t)
+	opsExec(t, db, `INSERT INTO outbox_relay_progress (relay_name, status, epoch, paused_at, paused_epoch)
+		VALUES ('default', 'PAUSED', 3, UTC_TIMESTAMP(6), 3)`)
+	for _, args := range [][]string{{"pause"}, {"pause", "--json"}} {
+		r := ops(t, db, args...)
+		if r.code != 0 || strings.Contains(r.stderr, "panic") || !strings.Contains(r.stdout, "PAUSED") && !strings.Contains(r.stdout, "paused") {
+			t.Errorf("%v: %+v", args, r)
+		}
+	}
+}

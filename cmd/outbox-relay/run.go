@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -68,7 +68,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 2*time.Second, "leadership heartbeat")
 	fs.DurationVar(&cfg.LeaderLease, "leader-lease", 10*time.Second, "a leader whose heartbeat is older than this is taken over by a standby, and a new leader whose predecessor did not stop cleanly publishes only once its heartbeat is this old; at least 3 heartbeat intervals")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a stop (SIGTERM, pause) waits for the work under way (the transaction being read, poll rounds, in-flight confirms) before cutting it; a cut is logged with the messages that will be published again")
-	fs.BoolVar(&cfg.AcceptLostGTIDs, "accept-lost-gtids", false, "resume on a server that lacks GTIDs this relay already published (a lossy failover): deliver what is pending there and tail from its own position")
+	declareOverride(fs, &cfg.AcceptLostGTIDs, "accept-lost-gtids", "resume on a server that lacks GTIDs this relay already published (a lossy failover): deliver what is pending there and tail from its own position")
 	fs.StringVar(&cfg.StateFile, "state-file", "", "`path` of a local file keeping the newest position this process published, so that a restarted process still detects a lossy failover (empty: memory only; one file per relay name)")
 	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")
 	maint := declareMaintenance(fs)
@@ -119,7 +119,14 @@ func setupRun(fs *flag.FlagSet) runFunc {
 		httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 		if ln != nil {
 			inv.log.Info("serving /metrics, /healthz and /readyz", zap.String("addr", ln.Addr().String()))
-			go func() { httpDone <- metrics.ServeListener(httpCtx, ln, reg, r.Ready, inv.log.Named("http")) }()
+			// /readyz quotes errors of the broker and the database client.
+			ready := func() error {
+				if err := r.Ready(); err != nil {
+					return errors.New(redact.Scrub(err.Error(), *inv.secrets))
+				}
+				return nil
+			}
+			go func() { httpDone <- metrics.ServeListener(httpCtx, ln, reg, ready, inv.log.Named("http")) }()
 		} else {
 			httpDone <- nil
 		}
@@ -132,7 +139,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 			}
 		}()
 		inv.log.Info("starting", zap.String("relay", cfg.RelayName), zap.String("table", cfg.Table),
-			zap.String("mysql", redactDSN(cfg.MySQLDSN)), zap.String("amqp", redactURL(cfg.AMQPURL)))
+			zap.String("mysql", redact.DSN(cfg.MySQLDSN)), zap.String("amqp", redact.URL(cfg.AMQPURL)))
 		if err := r.Run(ctx); err != nil {
 			return asUsage(err)
 		}
@@ -143,14 +150,11 @@ func setupRun(fs *flag.FlagSet) runFunc {
 
 // checkAMQPURL refuses, as bad usage, a URL the AMQP client cannot dial:
 // another scheme (http://, the management port's), or one that does not
-// parse. The message shows the wanted form and never the password.
+// parse. The message shows the wanted form and never the password, nor a
+// piece of it that the parser cut out.
 func checkAMQPURL(raw string) error {
 	if _, err := amqp.ParseURI(raw); err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // url.Error quotes the whole URL, password included
-		}
-		return usagef("--amqp-url %q: %v; the form is amqp://user:pass@host:5672/vhost (amqps:// for TLS)", redactURL(raw), err)
+		return usagef("--amqp-url %q: %v; the form is amqp://user:pass@host:5672/vhost (amqps:// for TLS)", redact.URL(raw), redact.ParseError(err, raw))
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -203,7 +204,7 @@ func TestRunKeepsLeadershipWhileBrokerFails(t *testing.T) {
 			if err != nil || code != 503 {
 				t.Errorf("/readyz: %d %v, want 503", code, err)
 			}
-			for _, w := range []string{redactURL(c.url), c.cause} {
+			for _, w := range []string{redact.URL(c.url), c.cause} {
 				if !strings.Contains(body, w) {
 					t.Errorf("/readyz body %q does not contain %q", body, w)
 				}

@@ -18,6 +18,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -131,12 +132,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	dsn, err := mysql.ParseDSN(cfg.MySQLDSN)
 	if err != nil {
-		return nil, fmt.Errorf("bench: --mysql-dsn: %w", err)
+		return nil, fmt.Errorf("bench: --mysql-dsn %s: %w", redact.DSN(cfg.MySQLDSN), redact.ParseError(err, cfg.MySQLDSN))
 	}
 	dsn.ParseTime, dsn.Loc = true, time.UTC
 	connector, err := mysql.NewConnector(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("bench: --mysql-dsn: %w", err)
+		return nil, fmt.Errorf("bench: --mysql-dsn %s: %w", redact.DSN(cfg.MySQLDSN), redact.ParseError(err, cfg.MySQLDSN))
 	}
 	db := sql.OpenDB(connector)
 	defer db.Close()

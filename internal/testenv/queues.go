@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // DeclareQueueArgs is DeclareQueue with queue arguments, such as a length
@@ -16,7 +18,7 @@ func (b *Broker) DeclareQueueArgs(t testing.TB, routingKey string, args amqp.Tab
 	t.Helper()
 	conn, err := dialAMQP(b.URL)
 	if err != nil {
-		t.Fatalf("testenv: connect to RabbitMQ at %s: %v", redactURL(b.URL), err)
+		t.Fatalf("testenv: connect to RabbitMQ at %s: %v", redact.URL(b.URL), err)
 	}
 	defer conn.Close()
 	name := objectName(t.Name()+".args", "test.", ".", 200)
@@ -53,7 +55,7 @@ func (b *Broker) UnbindQueue(t testing.TB) {
 	t.Helper()
 	conn, err := dialAMQP(b.URL)
 	if err != nil {
-		t.Fatalf("testenv: connect to RabbitMQ at %s: %v", redactURL(b.URL), err)
+		t.Fatalf("testenv: connect to RabbitMQ at %s: %v", redact.URL(b.URL), err)
 	}
 	defer conn.Close()
 	if err := withChannel(conn, func(ch *amqp.Channel) error {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 const amqpDialTimeout = 5 * time.Second
@@ -33,7 +35,7 @@ func RabbitMQ(t testing.TB) *Broker {
 	}
 	conn, err := dialAMQP(url)
 	if err != nil {
-		unavailable(t, "RabbitMQ at %s unreachable: %v", redactURL(url), err)
+		unavailable(t, "RabbitMQ at %s unreachable: %v", redact.URL(url), err)
 	}
 	defer conn.Close()
 	return newBroker(t, conn, url, nil)
@@ -88,7 +90,7 @@ func (b *Broker) DeclareQueue(t testing.TB, routingKey string) string {
 	t.Helper()
 	conn, err := dialAMQP(b.URL)
 	if err != nil {
-		t.Fatalf("testenv: connect to RabbitMQ at %s: %v", redactURL(b.URL), err)
+		t.Fatalf("testenv: connect to RabbitMQ at %s: %v", redact.URL(b.URL), err)
 	}
 	defer conn.Close()
 	name := objectName(t.Name()+"."+routingKey, "test.", ".", 200)
@@ -126,7 +128,7 @@ func (b *Broker) cleanup(f func(*amqp.Channel) error) error {
 	}
 	conn, err := dialAMQP(b.URL)
 	if err != nil {
-		return fmt.Errorf("connect to RabbitMQ at %s for cleanup: %w", redactURL(b.URL), err)
+		return fmt.Errorf("connect to RabbitMQ at %s for cleanup: %w", redact.URL(b.URL), err)
 	}
 	defer conn.Close()
 	return withChannel(conn, f)
@@ -145,16 +147,4 @@ func withChannel(conn *amqp.Connection, f func(*amqp.Channel) error) error {
 	}
 	defer ch.Close()
 	return f(ch)
-}
-
-// redactURL hides the password of an AMQP URL for messages.
-func redactURL(raw string) string {
-	u, err := amqp.ParseURI(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	if u.Password != "" {
-		u.Password = "xxxxx"
-	}
-	return u.String()
 }
