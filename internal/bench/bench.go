@@ -18,13 +18,15 @@ import (
 	"github.com/go-sql-driver/mysql"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Config says what to measure and where.
 type Config struct {
-	MySQLDSN      string // a binlog-enabled server; its database is emptied
+	MySQLDSN      string            // a binlog-enabled server; its database is emptied
+	MySQL         mysqlconn.Options // TLS files and password file of MySQLDSN (its DSN field is ignored), passed on to the relay
 	AMQPURL       string
 	RelayBinary   string   // the outbox-relay executable to run
 	Modes         []string // relay modes to measure side by side: "binlog", "poll"
@@ -124,16 +126,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	dsn, err := mysql.ParseDSN(cfg.MySQLDSN)
+	opts := cfg.MySQL
+	opts.DSN = cfg.MySQLDSN
+	target, err := mysqlconn.New(opts)
 	if err != nil {
-		return nil, fmt.Errorf("bench: --mysql-dsn: %w", err)
+		return nil, fmt.Errorf("bench: %w", err)
 	}
-	dsn.ParseTime, dsn.Loc = true, time.UTC
-	connector, err := mysql.NewConnector(dsn)
+	db, err := target.OpenDB(func(dsn *mysql.Config) { dsn.ParseTime, dsn.Loc = true, time.UTC })
 	if err != nil {
-		return nil, fmt.Errorf("bench: --mysql-dsn: %w", err)
+		return nil, fmt.Errorf("bench: %w", err)
 	}
-	db := sql.OpenDB(connector)
 	defer db.Close()
 	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
 		return nil, fmt.Errorf("bench: migrate: %w", err)
@@ -470,6 +472,12 @@ func (b *bencher) startRelay(ctx context.Context, mode string) (*relayProc, erro
 	args := []string{"run", "--mysql-dsn", b.cfg.MySQLDSN, "--amqp-url", b.cfg.AMQPURL,
 		"--relay-name", relayName, "--default-exchange", exchangeName, "--log-format", "console", "--metrics-addr", "127.0.0.1:0",
 		"--confirm-window", fmt.Sprint(b.cfg.ConfirmWindow), "--mode", mode}
+	for _, f := range [][2]string{{"--mysql-tls-ca", b.cfg.MySQL.TLSCA}, {"--mysql-tls-cert", b.cfg.MySQL.TLSCert},
+		{"--mysql-tls-key", b.cfg.MySQL.TLSKey}, {"--mysql-password-file", b.cfg.MySQL.PasswordFile}} {
+		if f[1] != "" {
+			args = append(args, f[0], f[1])
+		}
+	}
 	cmd := exec.CommandContext(ctx, b.cfg.RelayBinary, args...)
 	b.logs.Reset()
 	cmd.Stdout, cmd.Stderr = b.logs, b.logs
