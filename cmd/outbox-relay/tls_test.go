@@ -20,7 +20,8 @@ import (
 // certificate made at test time:
 //   - --mysql-tls-ca verifies the server: run --mode binlog delivers every
 //     message once from the first leader term (epoch 1, no restart); status
-//     and replay work over TLS too;
+//     and replay work over TLS too (the CA from the environment, from a
+//     config file);
 //   - a user created REQUIRE X509 logs in with --mysql-tls-cert and
 //     --mysql-tls-key, its password from --mysql-password-file;
 //   - a CA that did not sign the server's certificate, or no TLS at all,
@@ -40,7 +41,8 @@ func TestCLIMySQLTLS(t *testing.T) {
 		v := consumeAll(t, b)
 		n := deliverOverTLS(ctx, t, db, b, v, append([]string{"--mode", "binlog"}, verify...)...)
 
-		r := runBinary(t, bin, nil, append([]string{"status", "--json", "--mysql-dsn", db.DSN}, verify...)...)
+		// The flags come from the environment and a config file as well.
+		r := runBinary(t, bin, []string{envName("mysql-tls-ca") + "=" + ca.CertFile}, "status", "--json", "--mysql-dsn", db.DSN)
 		var list []statusJSON
 		if err := json.Unmarshal([]byte(r.stdout), &list); r.code != 0 || err != nil || len(list) != 1 {
 			t.Fatalf("status over TLS: %+v (%v)", r, err)
@@ -50,8 +52,12 @@ func TestCLIMySQLTLS(t *testing.T) {
 		}
 
 		// replay reads the binlog with its own connection: over TLS too.
-		r = runBinary(t, bin, nil, append([]string{"replay", "--mysql-dsn", db.DSN, "--from-gtid", "0-0-0", "--dry-run",
-			"--json", "--log-format", "console"}, verify...)...)
+		cfgFile := filepath.Join(t.TempDir(), "relay.yaml")
+		if err := os.WriteFile(cfgFile, fmt.Appendf(nil, "mysql-tls-ca: %s\n", ca.CertFile), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r = runBinary(t, bin, nil, "replay", "--config", cfgFile, "--mysql-dsn", db.DSN, "--from-gtid", "0-0-0", "--dry-run",
+			"--json", "--log-format", "console")
 		var sum struct{ Messages int }
 		if err := json.Unmarshal([]byte(r.stdout), &sum); r.code != 0 || err != nil || sum.Messages != n {
 			t.Fatalf("replay --dry-run over TLS: %d messages (%v), want %d: %+v", sum.Messages, err, n, r)

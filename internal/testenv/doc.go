@@ -11,6 +11,10 @@
 //     StartRabbitMQ: a private node of the test's own that it may stop and
 //     start (stopping the shared broker would break every other test).
 //   - Proxy: a TCP fault proxy that cuts, refuses or delays connections.
+//   - NewCA and CA.Issue: a certificate authority and certificates (server or
+//     client) made at test time with crypto/x509, as PEM files in a temporary
+//     directory; StartServer with ServerOptions.TLS (and
+//     RequireSecureTransport) runs a mariadbd that speaks, or requires, TLS.
 //
 // When a service is missing the test is skipped, or fails when
 // OUTBOX_REQUIRE_INTEGRATION=1 (see Require); `make test` installs and starts
