@@ -210,14 +210,8 @@ func (t *Target) Explain(ctx context.Context, err error) error {
 // DBName is the DSN's database ("" when it names none).
 func (t *Target) DBName() string { return t.driver.DBName }
 
-// User is the DSN's user.
-func (t *Target) User() string { return t.driver.User }
-
 // Addr is the server's address as the DSN gives it (host:port).
 func (t *Target) Addr() string { return t.driver.Addr }
-
-// TLS reports whether connections use TLS (tls=preferred: where offered).
-func (t *Target) TLS() bool { return t.tls != nil }
 
 // scrub masks the DSN's password in msg.
 func (t *Target) scrub(msg string) string {
