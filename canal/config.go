@@ -2,6 +2,7 @@ package canal
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -18,14 +19,29 @@ const (
 	DefaultRetryMax        = 5 * time.Second
 )
 
-// Config configures a Tailer. The binlog connection uses Host, Port, User and
-// Password directly (go-mysql's own client); Preflight checks the grants of
-// the *sql.DB it is given, which should log in as the same user.
+// Config configures a Tailer. Every connection the tailer opens (the binlog
+// stream, the flavor detection, CheckConnection) uses Host, Port, User,
+// Password (or PasswordFunc) and TLS directly with go-mysql's own client;
+// Preflight checks the grants of the *sql.DB it is given, which should log in
+// as the same user with the same TLS settings.
 type Config struct {
 	Host     string
 	Port     int // default 3306
 	User     string
 	Password string
+	// PasswordFunc, if set, is asked for the password before each new
+	// connection, and Password is ignored: a rotated password (a re-read
+	// password file) needs no restart. An error fails that connection
+	// attempt, which Run retries like a refused connection.
+	PasswordFunc func() (string, error)
+	// TLS, if set, encrypts every connection with this configuration (its
+	// RootCAs and ServerName verify the server unless InsecureSkipVerify;
+	// its Certificates authenticate the client); nil is plain TCP. It is not
+	// modified.
+	TLS *tls.Config
+	// TLSPreferred, with TLS set, connects without TLS to a server that
+	// does not offer it, as go-sql-driver's tls=preferred does.
+	TLSPreferred bool
 
 	// ServerID is our replica server id; it must be unique among the server's
 	// replicas and differ from the server's own @@server_id. Two binlog

@@ -12,6 +12,13 @@
 // exactly once. Preflight, CheckPosition, CurrentPosition and SnapshotPosition
 // are the SQL-side checks and reads the relay makes before it starts tailing.
 //
+// Connections: every connection the tailer opens (the binlog stream, the
+// flavor detection, CheckConnection) uses Config's TLS (nil: plain; with
+// TLSPreferred, plain where the server offers no TLS) and asks PasswordFunc,
+// when set, for the password each time. A TLS failure is a *TLSError naming
+// the fix (ExplainConnectError tells MariaDB's "access denied" for a missing
+// TLS from a wrong password), never an *AccessError.
+//
 // Time zone: DATETIME columns have no zone. The tailer reads created_at and
 // available_at as UTC, so producers must write them in UTC (sessions with
 // time_zone='+00:00', or explicit UTC values).

@@ -192,9 +192,12 @@ func (t *Tailer) dumpConfig(flavor string) replication.BinlogSyncerConfig {
 // fileStart returns the time of the first event of a binlog file (its
 // format description event, written when the server opened the file).
 func (t *Tailer) fileStart(ctx context.Context, flavor, file string) (time.Time, error) {
-	syncer := replication.NewBinlogSyncer(t.dumpConfig(flavor))
-	defer syncer.Close()
-	st, err := syncer.StartSync(mysql.Position{Name: file, Pos: 4})
+	syncer, st, err := t.openSyncer(t.dumpConfig(flavor), func(syncer *replication.BinlogSyncer) (*replication.BinlogStreamer, error) {
+		return syncer.StartSync(mysql.Position{Name: file, Pos: 4})
+	})
+	if syncer != nil {
+		defer syncer.Close()
+	}
 	if err != nil {
 		return time.Time{}, fmt.Errorf("read the start of binlog %s: %w", file, err)
 	}
@@ -217,9 +220,12 @@ func (t *Tailer) fileStart(ctx context.Context, flavor, file string) (time.Time,
 // the point (the file's Previous_gtids plus the transactions read before the
 // point); nil on MariaDB or when the files have no Previous_gtids.
 func (t *Tailer) scanFrom(ctx context.Context, flavor, file string, end BinlogFile, sec int64, tp *TimePoint) (*mysql.MysqlGTIDSet, error) {
-	syncer := replication.NewBinlogSyncer(t.dumpConfig(flavor))
-	defer syncer.Close()
-	st, err := syncer.StartSync(mysql.Position{Name: file, Pos: 4})
+	syncer, st, err := t.openSyncer(t.dumpConfig(flavor), func(syncer *replication.BinlogSyncer) (*replication.BinlogStreamer, error) {
+		return syncer.StartSync(mysql.Position{Name: file, Pos: 4})
+	})
+	if syncer != nil {
+		defer syncer.Close()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read binlog %s: %w", file, err)
 	}

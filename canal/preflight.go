@@ -89,8 +89,9 @@ func CurrentPosition(ctx context.Context, db *sql.DB) (position.Position, error)
 	return p, nil
 }
 
-// Preflight checks that binlog mode can work with this server and cfg:
-// log_bin=ON, binlog_format=ROW, binlog_row_image=FULL,
+// Preflight checks that binlog mode can work with this server and cfg: the
+// binlog connection can log in (CheckConnection: a TLS failure is a
+// *TLSError), log_bin=ON, binlog_format=ROW, binlog_row_image=FULL,
 // binlog_row_metadata=FULL, REPLICATION SLAVE and REPLICATION CLIENT granted
 // to db's user (which should be cfg.User), and cfg.ServerID unused by the
 // server and its registered replicas. One failure is returned as a
@@ -109,6 +110,9 @@ func CurrentPosition(ctx context.Context, db *sql.DB) (position.Position, error)
 func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
+	}
+	if err := CheckConnection(ctx, cfg); err != nil {
+		return fmt.Errorf("preflight: %w", err)
 	}
 	log := cfg.Logger.Named("canal")
 	flavor := cfg.Flavor

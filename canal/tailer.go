@@ -5,12 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/go-mysql-org/go-mysql/client"
 	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/go-mysql-org/go-mysql/replication"
 	"go.uber.org/zap"
@@ -97,7 +94,7 @@ func (t *Tailer) Run(ctx context.Context, from position.Position, h Handler) err
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if ferr := t.fatal(err, s); ferr != nil {
+		if ferr := t.fatal(ctx, err, s); ferr != nil {
 			return ferr // the caller logs it; it names the position
 		}
 		// Only a stream that yielded a row or a transaction was healthy.
@@ -151,18 +148,9 @@ func (t *Tailer) stream(ctx context.Context, s *session) error {
 		}
 	}
 	s.progressed = false
-	syncer := replication.NewBinlogSyncer(t.syncerConfig(s.flavor))
-	defer syncer.Close()
-
-	var (
-		st  *replication.BinlogStreamer
-		err error
-	)
-	if s.gtidMode {
-		// s.done holds the committed position; the dump starts after it.
-		st, err = syncer.StartSyncGTID(s.done.Set())
-	} else {
-		st, err = syncer.StartSync(mysql.Position{Name: s.committed.File, Pos: s.committed.Pos})
+	syncer, st, err := t.startDump(s)
+	if syncer != nil {
+		defer syncer.Close()
 	}
 	if err != nil {
 		return fmt.Errorf("start binlog dump after %s: %w", s.committed, err)
@@ -179,6 +167,43 @@ func (t *Tailer) stream(ctx context.Context, s *session) error {
 	}
 }
 
+// startDump connects a new syncer and starts the dump from s.committed. The
+// syncer is returned (for the caller to close) also with an error.
+func (t *Tailer) startDump(s *session) (*replication.BinlogSyncer, *replication.BinlogStreamer, error) {
+	return t.openSyncer(t.syncerConfig(s.flavor), func(syncer *replication.BinlogSyncer) (*replication.BinlogStreamer, error) {
+		if s.gtidMode {
+			// s.done holds the committed position; the dump starts after it.
+			return syncer.StartSyncGTID(s.done.Set())
+		}
+		return syncer.StartSync(mysql.Position{Name: s.committed.File, Pos: s.committed.Pos})
+	})
+}
+
+// openSyncer makes a syncer of conf with the connection's password of the
+// moment and TLS, and starts it with start (which connects). With
+// TLSPreferred, a server that does not offer TLS is connected to again
+// without it. The syncer is returned (for the caller to close) also with an
+// error from start.
+func (t *Tailer) openSyncer(conf replication.BinlogSyncerConfig,
+	start func(*replication.BinlogSyncer) (*replication.BinlogStreamer, error)) (*replication.BinlogSyncer, *replication.BinlogStreamer, error) {
+	password, err := t.cfg.password()
+	if err != nil {
+		return nil, nil, err
+	}
+	conf.Password, conf.TLSConfig = password, t.cfg.TLS
+	syncer := replication.NewBinlogSyncer(conf)
+	st, err := start(syncer)
+	if err != nil && conf.TLSConfig != nil && t.cfg.TLSPreferred && noTLSOffered(err) {
+		syncer.Close()
+		conf.TLSConfig = nil
+		syncer = replication.NewBinlogSyncer(conf)
+		st, err = start(syncer)
+	}
+	return syncer, st, err
+}
+
+// syncerConfig is the syncer configuration of the stream, without the
+// connection's password and TLS (openSyncer adds them).
 func (t *Tailer) syncerConfig(flavor string) replication.BinlogSyncerConfig {
 	return replication.BinlogSyncerConfig{
 		ServerID: t.cfg.ServerID,
@@ -186,7 +211,6 @@ func (t *Tailer) syncerConfig(flavor string) replication.BinlogSyncerConfig {
 		Host:     t.cfg.Host,
 		Port:     uint16(t.cfg.Port),
 		User:     t.cfg.User,
-		Password: t.cfg.Password,
 		// DATETIME → time.Time in UTC (go-mysql builds DATETIME values in UTC;
 		// TIMESTAMP ones in Local, which .UTC() makes the same instant).
 		ParseTime:       true,
@@ -227,10 +251,9 @@ func (t *Tailer) isOutbox(tme *replication.TableMapEvent) bool {
 
 // detectFlavor asks the server its version over go-mysql's client.
 func (t *Tailer) detectFlavor(ctx context.Context) (string, error) {
-	addr := net.JoinHostPort(t.cfg.Host, strconv.Itoa(t.cfg.Port))
-	c, err := client.ConnectWithContext(ctx, addr, t.cfg.User, t.cfg.Password, "", 10*time.Second)
+	c, err := dial(ctx, &t.cfg)
 	if err != nil {
-		return "", fmt.Errorf("connect to %s to detect the server flavor: %w", addr, err)
+		return "", fmt.Errorf("connect to %s to detect the server flavor: %w", t.cfg.addr(), err)
 	}
 	defer c.Close()
 	return flavorOf(c.GetServerVersion()), nil
@@ -244,10 +267,19 @@ func flavorOf(version string) string {
 }
 
 // fatal returns the error Run should return for err, or nil when err is
-// transient and the stream should be reconnected.
-func (t *Tailer) fatal(err error, s *session) error {
+// transient and the stream should be reconnected. A TLS failure is a
+// *TLSError, never an *AccessError: a connection without TLS that the server
+// denies is tried once over TLS (ExplainConnectError) to tell the two apart.
+func (t *Tailer) fatal(ctx context.Context, err error, s *session) error {
 	if err == nil {
 		return nil
+	}
+	var te *TLSError
+	if errors.As(err, &te) {
+		return fmt.Errorf("canal: %w", err)
+	}
+	if te := ExplainConnectError(ctx, t.cfg, err); te != err {
+		return fmt.Errorf("canal: %w", te)
 	}
 	var (
 		pe   *PreflightError

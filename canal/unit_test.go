@@ -3,7 +3,10 @@ package canal
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -361,18 +364,36 @@ func TestFatalClassification(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &session{committed: position.Position{Flavor: "mariadb", GTIDSet: "0-1-5"}}
+	ctx := context.Background()
 	var pu *PurgedError
-	if err := tl.fatal(&mysql.MyError{Code: 1236, Message: "Could not find GTID state requested by slave in any binlog files"}, s); !errors.As(err, &pu) || pu.Position.GTIDSet != "0-1-5" {
+	if err := tl.fatal(ctx, &mysql.MyError{Code: 1236, Message: "Could not find GTID state requested by slave in any binlog files"}, s); !errors.As(err, &pu) || pu.Position.GTIDSet != "0-1-5" {
 		t.Fatalf("1236: %v", err)
 	}
 	var ae *AccessError
-	if err := tl.fatal(&mysql.MyError{Code: 1227, Message: "Access denied"}, s); !errors.As(err, &ae) {
+	if err := tl.fatal(ctx, &mysql.MyError{Code: 1227, Message: "Access denied"}, s); !errors.As(err, &ae) {
 		t.Fatalf("1227: %v", err)
 	}
-	if err := tl.fatal(errors.New("read tcp: connection reset by peer"), s); err != nil {
+	if err := tl.fatal(ctx, errors.New("read tcp: connection reset by peer"), s); err != nil {
 		t.Fatalf("transient classified fatal: %v", err)
 	}
-	if err := tl.fatal(&mysql.MyError{Code: 1053, Message: "Server shutdown in progress"}, s); err != nil {
+	if err := tl.fatal(ctx, &mysql.MyError{Code: 1053, Message: "Server shutdown in progress"}, s); err != nil {
 		t.Fatalf("shutdown classified fatal: %v", err)
+	}
+	// TLS failures are named as such, never as missing grants.
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{&mysql.MyError{Code: 3159, Message: "Connections using insecure transport are prohibited while --require_secure_transport=ON."},
+			"requires TLS (require_secure_transport=ON)"},
+		{fmt.Errorf("writeAuthHandshake: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}),
+			"not signed by a CA this system trusts"},
+		{errors.New("readInitialHandshake: the MySQL Server does not support TLS required by the client"), "does not offer TLS"},
+	} {
+		err := tl.fatal(ctx, c.err, s)
+		var te *TLSError
+		if !errors.As(err, &te) || !strings.Contains(err.Error(), c.want) || errors.As(err, &ae) {
+			t.Errorf("fatal(%v) = %v; want a *TLSError saying %q", c.err, err, c.want)
+		}
 	}
 }

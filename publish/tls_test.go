@@ -72,7 +72,7 @@ func TestTLS(t *testing.T) {
 	checkGoroutines(t)
 	ca := testenv.NewCA(t)
 	n := testenv.StartRabbitMQ(t, testenv.RabbitTLS(ca))
-	cert, key := ca.Issue(t, "publisher")
+	cert, key := ca.IssueFiles(t, "publisher")
 	opts := publish.ConnOptions{TLSCA: ca.CertFile, TLSCert: cert, TLSKey: key}
 	port := n.AMQPSURL()[strings.LastIndexByte(n.AMQPSURL(), ':')+1 : len(n.AMQPSURL())-1]
 
@@ -145,8 +145,8 @@ func TestTLS(t *testing.T) {
 	})
 
 	otherCA := testenv.NewCA(t)
-	otherCert, otherKey := otherCA.Issue(t, "publisher")
-	strangerCert, strangerKey := ca.Issue(t, "stranger") // no such user
+	otherCert, otherKey := otherCA.IssueFiles(t, "publisher")
+	strangerCert, strangerKey := ca.IssueFiles(t, "stranger") // no such user
 	for _, c := range []struct {
 		name string
 		url  string

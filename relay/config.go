@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
-	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -24,6 +23,17 @@ type Config struct {
 	ServerID        uint32              // our replica server id; default 7_364_000 + a value derived from the relay name
 	DefaultExchange string              // exchange for rows whose exchange is ''
 	OnDelivered     string              // checkpoint.Delete (default) or checkpoint.Mark
+
+	// MySQLTLSCA, MySQLTLSCert and MySQLTLSKey are PEM files: the CA that
+	// must have signed the server's certificate (its host name is checked
+	// too), and a client certificate with its key (REQUIRE X509 users).
+	// Either turns TLS on when MySQLDSN has no tls parameter; the DSN's tls
+	// parameter and these hold for every connection, the binlog's too.
+	MySQLTLSCA, MySQLTLSCert, MySQLTLSKey string
+	// MySQLPasswordFile holds the MySQL password (trailing line breaks
+	// removed), read again before every new connection, binlog included: a
+	// rotated password needs no restart. MySQLDSN must then have none.
+	MySQLPasswordFile string
 
 	Mode                string        // ModeAuto (default), ModeBinlog or ModePoll
 	FallbackAfter       time.Duration // auto: binlog trouble this long (database answering) → poll; default 30s
@@ -83,11 +93,11 @@ func (c *Config) Validate() error {
 	if c.MySQLDSN == "" {
 		return bad("mysql-dsn is empty: set --mysql-dsn user:pass@tcp(host:3306)/db")
 	}
-	dsn, err := mysql.ParseDSN(c.MySQLDSN)
+	target, err := mysqlconn.New(c.mysqlOptions())
 	if err != nil {
-		return bad("mysql-dsn does not parse (want user:pass@tcp(host:port)/db): %w", redact.ParseError(err, c.MySQLDSN))
+		return bad("%w", err)
 	}
-	if dsn.DBName == "" {
+	if target.DBName() == "" {
 		return bad("mysql-dsn names no database: add it after the slash, e.g. user:pass@tcp(host:3306)/app")
 	}
 	if c.AMQPURL == "" {
@@ -148,6 +158,12 @@ func (c *Config) Validate() error {
 		c.Logger = zap.NewNop()
 	}
 	return nil
+}
+
+// mysqlOptions are the MySQL connection settings of c.
+func (c *Config) mysqlOptions() mysqlconn.Options {
+	return mysqlconn.Options{DSN: c.MySQLDSN, TLSCA: c.MySQLTLSCA, TLSCert: c.MySQLTLSCert, TLSKey: c.MySQLTLSKey,
+		PasswordFile: c.MySQLPasswordFile}
 }
 
 func setDefault[T int | int64 | time.Duration](v *T, d T) {

@@ -140,11 +140,12 @@ func (r *Relay) fallbackReason(err error) string {
 	var (
 		purged *canal.PurgedError
 		access *canal.AccessError
+		tlsErr *canal.TLSError
 		pre    *canal.PreflightError
 		cfgErr *ConfigError
 	)
 	switch {
-	case errors.As(err, &purged), errors.As(err, &access), errors.As(err, &pre), errors.As(err, &cfgErr):
+	case errors.As(err, &purged), errors.As(err, &access), errors.As(err, &tlsErr), errors.As(err, &pre), errors.As(err, &cfgErr):
 		return err.Error()
 	}
 	return ""

@@ -17,7 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
-	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -86,31 +86,30 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	dsn, _ := mysql.ParseDSN(cfg.MySQLDSN) // Validate parsed it
-	// The relay reads and writes DATETIME(6) values as UTC; a session time
-	// zone makes NOW(6) and the stored values agree whatever the server's is.
-	dsn.ParseTime = true
-	dsn.Loc = time.UTC
-	if dsn.Params == nil {
-		dsn.Params = map[string]string{}
-	}
-	dsn.Params["time_zone"] = "'+00:00'"
-	connector, err := mysql.NewConnector(dsn)
+	target, err := mysqlconn.New(cfg.mysqlOptions())
 	if err != nil {
-		return nil, &ConfigError{fmt.Errorf("mysql-dsn: %w", redact.ParseError(err, cfg.MySQLDSN))}
+		return nil, &ConfigError{err}
 	}
-	db := sql.OpenDB(connector)
+	db, err := target.OpenDB(func(dsn *mysql.Config) {
+		// The relay reads and writes DATETIME(6) values as UTC; a session
+		// time zone makes NOW(6) and the stored values agree whatever the
+		// server's is.
+		dsn.ParseTime = true
+		dsn.Loc = time.UTC
+		if dsn.Params == nil {
+			dsn.Params = map[string]string{}
+		}
+		dsn.Params["time_zone"] = "'+00:00'"
+	})
+	if err != nil {
+		return nil, &ConfigError{err}
+	}
 	db.SetMaxOpenConns(8)
 	// As many idle as open: poll workers and the acker would otherwise
 	// reconnect (handshake, SET time_zone) on every round.
 	db.SetMaxIdleConns(8)
 	db.SetConnMaxIdleTime(time.Minute)
 
-	host, portStr, err := net.SplitHostPort(dsn.Addr)
-	if err != nil {
-		host, portStr = dsn.Addr, "3306"
-	}
-	port, _ := strconv.Atoi(portStr)
 	store, err := checkpoint.New(db, checkpoint.Config{
 		RelayName: cfg.RelayName, Table: cfg.Table, OnDelivered: cfg.OnDelivered,
 		Instance: cfg.Instance, HeartbeatInterval: cfg.HeartbeatInterval, LeaderLease: cfg.LeaderLease,
@@ -124,13 +123,9 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.StateFile != "" {
 		state = &stateFile{path: cfg.StateFile, relayName: cfg.RelayName}
 	}
-	return &Relay{
-		cfg: cfg, log: cfg.Logger, db: db, store: store, state: state,
-		canal: canal.Config{
-			Host: host, Port: port, User: dsn.User, Password: dsn.Passwd,
-			ServerID: cfg.ServerID, Schema: dsn.DBName, Table: cfg.Table, Logger: cfg.Logger.Named("canal"),
-		},
-	}, nil
+	cc := target.Binlog()
+	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
+	return &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, state: state, canal: cc}, nil
 }
 
 // Close releases the database pool.
@@ -244,6 +239,15 @@ func (r *Relay) preflight(ctx context.Context) error {
 	if err := r.ping(ctx); err != nil {
 		return err
 	}
+	if r.cfg.Mode == ModeAuto {
+		// The binlog connection (go-mysql's client) with the same TLS
+		// settings: a TLS failure is a setup error in every mode, not a
+		// reason to poll. Other failures are the auto mode's to handle.
+		var te *canal.TLSError
+		if err := canal.CheckConnection(ctx, r.canal); errors.As(err, &te) {
+			return &ConfigError{err}
+		}
+	}
 	if r.cfg.Mode == ModeBinlog { // auto falls back to polling; poll needs no binlog
 		if err := canal.Preflight(ctx, r.db, r.canal); err != nil {
 			return &ConfigError{err}
@@ -266,10 +270,20 @@ func (r *Relay) ping(ctx context.Context) error {
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = canal.ExplainConnectError(ectx, r.canal, err)
+		cancel()
 		var me *mysql.MySQLError
+		var te *canal.TLSError
 		switch {
+		case errors.As(err, &te):
+			return &ConfigError{fmt.Errorf("connect to %s: %w", where, err)}
 		case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044): // ER_ACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR
-			return &ConfigError{fmt.Errorf("connect to %s: access denied (%s); check the password in --mysql-dsn, that the user may connect from this host, and its grants on the database", where, me.Message)}
+			hint := ""
+			if r.canal.TLS != nil && len(r.canal.TLS.Certificates) == 0 {
+				hint = "; a user created REQUIRE X509 needs --mysql-tls-cert and --mysql-tls-key"
+			}
+			return &ConfigError{fmt.Errorf("connect to %s: access denied (%s); check the password in --mysql-dsn or --mysql-password-file, that the user may connect from this host, and its grants on the database%s", where, me.Message, hint)}
 		case errors.As(err, &me) && me.Number == 1049: // ER_BAD_DB_ERROR
 			return &ConfigError{fmt.Errorf("connect to %s: database %q does not exist; create it (CREATE DATABASE `%s` CHARACTER SET utf8mb4) and run `outbox-relay migrate`, or fix --mysql-dsn", where, r.canal.Schema, r.canal.Schema)}
 		case errors.Is(err, syscall.ECONNREFUSED):

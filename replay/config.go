@@ -9,6 +9,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -48,6 +49,14 @@ type Config struct {
 	DefaultExchange string // exchange for rows whose exchange is ''
 	// Exchange, when set, replaces every message's exchange.
 	Exchange string
+
+	// MySQLTLSCA, MySQLTLSCert, MySQLTLSKey and MySQLPasswordFile are as
+	// relay.Config's: PEM files of the CA that signed the server's
+	// certificate and of a client certificate and its key; a file holding
+	// the password (MySQLDSN then has none), read at each new connection.
+	// They and the DSN's tls parameter hold for the binlog reader too.
+	MySQLTLSCA, MySQLTLSCert, MySQLTLSKey string
+	MySQLPasswordFile                     string
 
 	Range  Range
 	Filter Filter
@@ -99,6 +108,12 @@ type Filter struct {
 	MessageType      string   // the row's message_type is this
 }
 
+// mysqlOptions are the MySQL connection settings of c.
+func (c *Config) mysqlOptions() mysqlconn.Options {
+	return mysqlconn.Options{DSN: c.MySQLDSN, TLSCA: c.MySQLTLSCA, TLSCert: c.MySQLTLSCert, TLSKey: c.MySQLTLSKey,
+		PasswordFile: c.MySQLPasswordFile}
+}
+
 func (f *Filter) match(rec *outbox.Record) bool {
 	if len(f.PartitionKeys) > 0 {
 		ok := false
@@ -135,11 +150,14 @@ func (c *Config) Validate() error {
 	if c.MySQLDSN == "" {
 		return refused("replay: the MySQL DSN is empty")
 	}
-	dsn, err := mysql.ParseDSN(c.MySQLDSN)
+	target, err := mysqlconn.New(c.mysqlOptions())
 	if err != nil {
-		return refused("replay: the MySQL DSN does not parse (want user:pass@tcp(host:port)/db)")
+		if _, perr := mysql.ParseDSN(c.MySQLDSN); perr != nil {
+			return refused("replay: the MySQL DSN does not parse (want user:pass@tcp(host:port)/db)")
+		}
+		return refused("replay: %v", err)
 	}
-	if dsn.DBName == "" {
+	if target.DBName() == "" {
 		return refused("replay: the MySQL DSN names no database: add it after the slash, e.g. user:pass@tcp(host:3306)/app")
 	}
 	if !c.DryRun {

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -14,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/canal"
+	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
@@ -39,8 +38,15 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 
 	if err := canal.Preflight(ctx, db, ccfg); err != nil {
 		var pe *canal.PreflightError
-		if errors.As(err, &pe) {
+		var te *canal.TLSError
+		switch {
+		case errors.As(err, &pe):
 			return nil, &RefusedError{fmt.Errorf("replay: the server cannot serve the binlog: %w", err)}
+		case errors.As(err, &te):
+			return nil, &RefusedError{fmt.Errorf("replay: %w", te)}
+		}
+		if te := canal.ExplainConnectError(ctx, ccfg, err); te != err {
+			return nil, &RefusedError{fmt.Errorf("replay: %w", te)}
 		}
 		return nil, fmt.Errorf("replay: preflight: %w", err)
 	}
@@ -182,31 +188,25 @@ func (st *stream) finish(runErr error) *Summary {
 	return &s
 }
 
-// open opens the database pool and derives the binlog connection.
+// open opens the database pool and derives the binlog connection, both with
+// cfg's TLS settings and password.
 func open(cfg Config) (*sql.DB, canal.Config, error) {
-	dsn, err := mysql.ParseDSN(cfg.MySQLDSN) // Validate parsed it
+	target, err := mysqlconn.New(cfg.mysqlOptions()) // Validate checked it
 	if err != nil {
-		return nil, canal.Config{}, refused("replay: the MySQL DSN does not parse")
+		return nil, canal.Config{}, refused("replay: %v", err)
 	}
-	if dsn.Timeout == 0 {
-		dsn.Timeout = 10 * time.Second
-	}
-	connector, err := mysql.NewConnector(dsn)
+	db, err := target.OpenDB(func(dsn *mysql.Config) {
+		if dsn.Timeout == 0 {
+			dsn.Timeout = 10 * time.Second
+		}
+	})
 	if err != nil {
-		return nil, canal.Config{}, refused("replay: MySQL DSN: %v", err)
+		return nil, canal.Config{}, refused("replay: %v", err)
 	}
-	db := sql.OpenDB(connector)
 	db.SetMaxOpenConns(2)
-	host, portStr, err := net.SplitHostPort(dsn.Addr)
-	if err != nil {
-		host, portStr = dsn.Addr, "3306"
-	}
-	port, _ := strconv.Atoi(portStr)
-	return db, canal.Config{
-		Host: host, Port: port, User: dsn.User, Password: dsn.Passwd,
-		ServerID: cfg.ServerID, Schema: dsn.DBName, Table: cfg.Table,
-		Logger: cfg.Logger,
-	}, nil
+	cc := target.Binlog()
+	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger
+	return db, cc, nil
 }
 
 // relayEpoch is the relay's current epoch from its progress row, 0 when it

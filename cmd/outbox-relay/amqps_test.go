@@ -29,7 +29,7 @@ func startTLSBroker(t *testing.T) *tlsBroker {
 	t.Helper()
 	ca := testenv.NewCA(t)
 	n := testenv.StartRabbitMQ(t, testenv.RabbitTLS(ca))
-	cert, key := ca.Issue(t, tlsClientCN)
+	cert, key := ca.IssueFiles(t, tlsClientCN)
 	return &tlsBroker{node: n, ca: ca, cert: cert, key: key, broker: n.Broker(t)}
 }
 
@@ -225,7 +225,7 @@ func TestCLIAMQPOptionsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	ca := testenv.NewCA(t)
-	cert, _ := ca.Issue(t, "client")
+	cert, _ := ca.IssueFiles(t, "client")
 	missing := filepath.Join(dir, "no-such-file")
 	notPEM := filepath.Join(dir, "not-pem")
 	if err := os.WriteFile(notPEM, []byte("file-Secret-3e1d\n"), 0o600); err != nil {

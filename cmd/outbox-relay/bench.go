@@ -36,7 +36,7 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	cfg := bench.Config{}
 	var asJSON bool
 	var modes string
-	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3308)/bench", "binlog-enabled MySQL/MariaDB `dsn`; its outbox is emptied")
+	my := declareMySQL(fs, "root@tcp(127.0.0.1:3308)/bench", "binlog-enabled MySQL/MariaDB `dsn`; its outbox is emptied")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
 	fs.StringVar(&modes, "modes", "binlog,poll", "comma-separated relay modes to measure side by side")
 	fs.Float64Var(&cfg.Rate, "rate", 500, "messages per second in the latency phase")
@@ -58,6 +58,7 @@ func setupBench(fs *flag.FlagSet) runFunc {
 			return fmt.Errorf("find this executable to run the relay: %w", err)
 		}
 		cfg.RelayBinary = exe
+		cfg.MySQLDSN, cfg.MySQL = my.dsn, my.options()
 		cfg.Modes = strings.Split(modes, ",")
 		cfg.Progress = inv.stderr
 		res, err := bench.Run(ctx, cfg)

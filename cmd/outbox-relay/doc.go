@@ -50,7 +50,10 @@
 //
 // --mysql-dsn defaults to root@tcp(127.0.0.1:3306)/outbox, a local
 // development server; the database it names must exist (migrate says how to
-// create it when it does not).
+// create it when it does not). Every command that takes it also takes
+// --mysql-tls-ca, --mysql-tls-cert, --mysql-tls-key and --mysql-password-file;
+// the DSN's tls parameter and these hold for every connection, the binlog
+// stream's included (internal/mysqlconn; docs/operations.md, "Security").
 //
 // Exit codes: 0 success; 1 runtime failure (database unreachable, schema
 // mismatch, ...); 2 bad usage or configuration (unknown flag, bad value,

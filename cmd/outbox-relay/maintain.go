@@ -16,10 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/maintenance"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -95,13 +93,13 @@ func formatAge(d time.Duration) string {
 
 // opsFlags are the flags every housekeeping command shares with run.
 type opsFlags struct {
-	dsn, table, relayName string
-	json                  bool
+	mysql            *mysqlFlags
+	table, relayName string
+	json             bool
 }
 
 func declareOps(fs *flag.FlagSet, name string) *opsFlags {
-	o := &opsFlags{}
-	fs.StringVar(&o.dsn, "mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname")
+	o := &opsFlags{mysql: declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname")}
 	fs.StringVar(&o.table, "table", outbox.DefaultTable, "outbox table `name`")
 	fs.StringVar(&o.relayName, "relay-name", "default", "relay `name`; accepted like run's, though "+name+" works on tables every relay name shares")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object for scripts instead of text for people")
@@ -113,7 +111,7 @@ func (o *opsFlags) open(ctx context.Context) (*sql.DB, error) {
 	if _, err := outbox.QuoteTable(o.table); err != nil {
 		return nil, usagef("--table: %v", err)
 	}
-	db, _, err := openMySQL(ctx, o.dsn)
+	db, _, err := openMySQL(ctx, o.mysql)
 	return db, err
 }
 
@@ -246,8 +244,9 @@ func floorOption(d time.Duration) time.Duration {
 }
 
 // install sets cfg's maintenance hook when --maintenance-interval is set,
-// with a database pool of its own; close releases the pool.
-func (m *maintenanceFlags) install(cfg *relay.Config, log *zap.Logger) (closeFn func(), err error) {
+// with a database pool of its own on my's connection settings; close
+// releases the pool.
+func (m *maintenanceFlags) install(cfg *relay.Config, my *mysqlFlags, log *zap.Logger) (closeFn func(), err error) {
 	if m.interval < 0 {
 		return nil, usagef("--maintenance-interval %s is negative", m.interval)
 	}
@@ -261,15 +260,14 @@ func (m *maintenanceFlags) install(cfg *relay.Config, log *zap.Logger) (closeFn 
 	if m.lookahead < 0 {
 		return nil, usagef("--lookahead %d is negative", m.lookahead)
 	}
-	dsn, err := mysql.ParseDSN(cfg.MySQLDSN)
+	target, err := my.target()
 	if err != nil {
-		return nil, usagef("--mysql-dsn %q: %v", redact.DSN(cfg.MySQLDSN), redact.ParseError(err, cfg.MySQLDSN))
+		return nil, err
 	}
-	connector, err := mysql.NewConnector(dsn)
+	db, err := target.OpenDB(nil) // connects on first use: the relay reports an unreachable server
 	if err != nil {
-		return nil, usagef("--mysql-dsn %q: %v", redact.DSN(cfg.MySQLDSN), redact.ParseError(err, cfg.MySQLDSN))
+		return nil, usagef("%v", err)
 	}
-	db := sql.OpenDB(connector) // connects on first use: the relay reports an unreachable server
 	db.SetMaxOpenConns(2)
 	db.SetConnMaxIdleTime(time.Minute)
 	log = log.Named("maintenance")

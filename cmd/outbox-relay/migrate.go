@@ -2,16 +2,11 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"flag"
 	"fmt"
-	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -41,7 +36,7 @@ is created (docs/tables.md).`,
 }
 
 func setupMigrate(fs *flag.FlagSet) runFunc {
-	dsn := fs.String("mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` in go-sql-driver form user:pass@tcp(host:port)/dbname; the database must exist")
+	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` in go-sql-driver form user:pass@tcp(host:port)/dbname; the database must exist")
 	table := fs.String("table", outbox.DefaultTable, "outbox table `name`")
 	partitioned := fs.Bool("partitioned", false, "create the outbox table range-partitioned by day on created_at")
 	return func(ctx context.Context, inv *invocation) error {
@@ -51,7 +46,7 @@ func setupMigrate(fs *flag.FlagSet) runFunc {
 		if _, err := outbox.QuoteTable(*table); err != nil {
 			return usagef("--table: %v", err)
 		}
-		db, dbName, err := openMySQL(ctx, *dsn)
+		db, dbName, err := openMySQL(ctx, my)
 		if err != nil {
 			return err
 		}
@@ -71,38 +66,4 @@ func setupMigrate(fs *flag.FlagSet) runFunc {
 			zap.Bool("partitioned", *partitioned), zap.Strings("applied", applied))
 		return nil
 	}
-}
-
-// openMySQL checks dsn, opens a pool and pings the server. A DSN that does
-// not parse or names no database is a usage error; an unreachable server or
-// a missing database is a runtime error whose message says what to do.
-// Messages show the DSN with its password masked.
-func openMySQL(ctx context.Context, dsn string) (*sql.DB, string, error) {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return nil, "", usagef("--mysql-dsn %q: %v; the form is user:pass@tcp(host:port)/dbname", redact.DSN(dsn), redact.ParseError(err, dsn))
-	}
-	if cfg.DBName == "" {
-		return nil, "", usagef("--mysql-dsn %q names no database; add it after the slash: user:pass@tcp(host:port)/dbname", redact.DSN(dsn))
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 10 * time.Second // dial timeout; the OS default can be minutes
-	}
-	connector, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, "", usagef("--mysql-dsn %q: %v", redact.DSN(dsn), redact.ParseError(err, dsn))
-	}
-	db := sql.OpenDB(connector)
-	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := db.PingContext(pingCtx); err != nil {
-		db.Close()
-		var me *mysql.MySQLError
-		if errors.As(err, &me) && me.Number == 1049 { // ER_BAD_DB_ERROR
-			return nil, "", fmt.Errorf("database %q does not exist on %s; create it first (CREATE DATABASE `%s` CHARACTER SET utf8mb4) or fix --mysql-dsn",
-				cfg.DBName, cfg.Addr, cfg.DBName)
-		}
-		return nil, "", fmt.Errorf("connect to MySQL %q: %w", redact.DSN(dsn), err)
-	}
-	return db, cfg.DBName, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"os"
 	"strings"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
@@ -23,12 +24,21 @@ func displayValue(name, value string) string {
 }
 
 // passwords returns the passwords of fs's DSN and URL flags (every URL of a
-// list), for redact.Scrub and redact.Writer.
+// list) and those the password files hold as the command starts (a password
+// rotated later is masked by the DSN and URL rules only), for redact.Scrub
+// and redact.Writer.
 func passwords(fs *flag.FlagSet) []string {
 	var out []string
 	fs.VisitAll(func(f *flag.Flag) {
-		if secretFlag(f.Name) {
+		switch {
+		case secretFlag(f.Name):
 			out = append(out, redact.Passwords(f.Value.String())...)
+		case strings.HasSuffix(f.Name, "-password-file") && f.Value.String() != "":
+			if data, err := os.ReadFile(f.Value.String()); err == nil {
+				if p := strings.TrimRight(string(data), "\r\n"); p != "" {
+					out = append(out, p)
+				}
+			}
 		}
 	})
 	return out

@@ -79,7 +79,7 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 	var keys stringList
 	var serverID uint
 	var asJSON bool
-	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT")
+	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
 	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
 	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name` whose current epoch the messages carry in x-relay-epoch (read only)")
@@ -104,6 +104,8 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 			return usagef("--replay-server-id %d: at most %d", serverID, uint32(1<<32-1))
 		}
 		cfg.ServerID = uint32(serverID)
+		cfg.MySQLDSN, cfg.MySQLPasswordFile = my.dsn, my.passwordFile
+		cfg.MySQLTLSCA, cfg.MySQLTLSCert, cfg.MySQLTLSKey = my.tlsCA, my.tlsCert, my.tlsKey
 		cfg.Filter.PartitionKeys = keys
 		cfg.Logger = inv.log
 		endProgress := func() {}

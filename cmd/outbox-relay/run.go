@@ -47,7 +47,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	var cfg relay.Config
 	maxInflight := byteSize(64 << 20)
 	var serverID uint
-	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT")
+	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
 	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
 	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name`: one leader per name, one progress row per name")
@@ -83,12 +83,14 @@ func setupRun(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		cfg.ServerID = uint32(serverID)
+		cfg.MySQLDSN, cfg.MySQLPasswordFile = my.dsn, my.passwordFile
+		cfg.MySQLTLSCA, cfg.MySQLTLSCert, cfg.MySQLTLSKey = my.tlsCA, my.tlsCert, my.tlsKey
 		cfg.MaxInflightBytes = int64(maxInflight)
 		cfg.Logger = inv.log
 		// go-sql-driver logs dropped connections on its own to stderr; keep
 		// its lines in our log, at debug: the relay reports what matters.
 		_ = mysql.SetLogger(driverLog{inv.log.Named("mysql-driver")})
-		closeMaintenance, err := maint.install(&cfg, inv.log)
+		closeMaintenance, err := maint.install(&cfg, my, inv.log)
 		if err != nil {
 			return err
 		}

@@ -48,14 +48,14 @@ a database failure, 2 bad usage or an unknown relay name.`,
 
 // readFlags are what status and checkpoint read the database with.
 type readFlags struct {
-	dsn, table, relayName, onDelivered string
-	lease                              time.Duration
-	json                               bool
+	mysql                         *mysqlFlags
+	table, relayName, onDelivered string
+	lease                         time.Duration
+	json                          bool
 }
 
 func declareRead(fs *flag.FlagSet, relayHelp, relayDefault string) *readFlags {
-	r := &readFlags{}
-	fs.StringVar(&r.dsn, "mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname")
+	r := &readFlags{mysql: declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname")}
 	fs.StringVar(&r.table, "table", outbox.DefaultTable, "outbox table `name`")
 	fs.StringVar(&r.relayName, "relay-name", relayDefault, relayHelp)
 	fs.DurationVar(&r.lease, "leader-lease", 10*time.Second, "run's --leader-lease: a leader whose heartbeat is older is shown as not alive")
@@ -71,7 +71,7 @@ func (r *readFlags) open(ctx context.Context) (*sql.DB, error) {
 	if r.lease <= 0 {
 		return nil, usagef("--leader-lease %s: want a positive duration", r.lease)
 	}
-	db, _, err := openMySQL(ctx, r.dsn)
+	db, _, err := openMySQL(ctx, r.mysql)
 	return db, err
 }
 

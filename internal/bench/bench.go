@@ -18,7 +18,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -26,7 +26,8 @@ import (
 
 // Config says what to measure and where.
 type Config struct {
-	MySQLDSN      string // a binlog-enabled server; its database is emptied
+	MySQLDSN      string            // a binlog-enabled server; its database is emptied
+	MySQL         mysqlconn.Options // TLS files and password file of MySQLDSN (its DSN field is ignored), passed on to the relay
 	AMQPURL       string
 	AMQPOptions   publish.ConnOptions // TLS files and password file, for every connection bench and its relay open
 	RelayBinary   string              // the outbox-relay executable to run
@@ -130,16 +131,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	dsn, err := mysql.ParseDSN(cfg.MySQLDSN)
+	opts := cfg.MySQL
+	opts.DSN = cfg.MySQLDSN
+	target, err := mysqlconn.New(opts)
 	if err != nil {
-		return nil, fmt.Errorf("bench: --mysql-dsn %s: %w", redact.DSN(cfg.MySQLDSN), redact.ParseError(err, cfg.MySQLDSN))
+		return nil, fmt.Errorf("bench: %w", err)
 	}
-	dsn.ParseTime, dsn.Loc = true, time.UTC
-	connector, err := mysql.NewConnector(dsn)
+	db, err := target.OpenDB(func(dsn *mysql.Config) { dsn.ParseTime, dsn.Loc = true, time.UTC })
 	if err != nil {
-		return nil, fmt.Errorf("bench: --mysql-dsn %s: %w", redact.DSN(cfg.MySQLDSN), redact.ParseError(err, cfg.MySQLDSN))
+		return nil, fmt.Errorf("bench: %w", err)
 	}
-	db := sql.OpenDB(connector)
 	defer db.Close()
 	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
 		return nil, fmt.Errorf("bench: migrate: %w", err)
@@ -479,6 +480,8 @@ func (b *bencher) startRelay(ctx context.Context, mode string) (*relayProc, erro
 	o := b.cfg.AMQPOptions
 	for _, f := range [][2]string{
 		{"--amqp-tls-ca", o.TLSCA}, {"--amqp-tls-cert", o.TLSCert}, {"--amqp-tls-key", o.TLSKey}, {"--amqp-password-file", o.PasswordFile},
+		{"--mysql-tls-ca", b.cfg.MySQL.TLSCA}, {"--mysql-tls-cert", b.cfg.MySQL.TLSCert},
+		{"--mysql-tls-key", b.cfg.MySQL.TLSKey}, {"--mysql-password-file", b.cfg.MySQL.PasswordFile},
 	} {
 		if f[1] != "" {
 			args = append(args, f[0], f[1])

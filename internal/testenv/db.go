@@ -19,7 +19,7 @@ import (
 type DB struct {
 	Server *Server // the private server it lives on; nil on an external server
 	Name   string  // database name: derived from the test name plus a random suffix
-	DSN    string  // go-sql-driver DSN as root on this database: multiStatements=true, no parseTime
+	DSN    string  // go-sql-driver DSN as root on this database: multiStatements=true, no parseTime; on a TLS server no tls parameter either (SQL uses TLS)
 	SQL    *sql.DB // pool on DSN, closed at cleanup
 	Host   string  // server host
 	Port   int     // server port

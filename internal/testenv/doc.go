@@ -13,6 +13,10 @@
 //     a TLS listener that verifies client certificates under RabbitTLS.
 //   - NewCA and CA.Issue: a private CA and certificates made at test time.
 //   - Proxy: a TCP fault proxy that cuts, refuses or delays connections.
+//   - NewCA and CA.Issue: a certificate authority and certificates (server or
+//     client) made at test time with crypto/x509, as PEM files in a temporary
+//     directory; StartServer with ServerOptions.TLS (and
+//     RequireSecureTransport) runs a mariadbd that speaks, or requires, TLS.
 //
 // When a service is missing the test is skipped, or fails when
 // OUTBOX_REQUIRE_INTEGRATION=1 (see Require); `make test` installs and starts

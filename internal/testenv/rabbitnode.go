@@ -83,7 +83,7 @@ type rabbitTLS struct{ caFile, certFile, keyFile string }
 // stays as it is.
 func RabbitTLS(ca *CA) RabbitOption {
 	return func(t testing.TB, o *rabbitOptions) {
-		cert, key := ca.Issue(t, "localhost")
+		cert, key := ca.IssueFiles(t, "localhost")
 		o.tls = &rabbitTLS{caFile: ca.CertFile, certFile: cert, keyFile: key}
 	}
 }

@@ -128,7 +128,7 @@ func TestRabbitNodeTLS(t *testing.T) {
 	if !roots.AppendCertsFromPEM(pemCA) {
 		t.Fatalf("%s holds no certificate", ca.CertFile)
 	}
-	certFile, keyFile := ca.Issue(t, "tls-client")
+	certFile, keyFile := ca.IssueFiles(t, "tls-client")
 	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -45,6 +46,13 @@ type ServerOptions struct {
 	// ExtraArgs are extra mariadbd command-line options, placed after the
 	// defaults file so they override it, e.g. "--binlog-format=STATEMENT".
 	ExtraArgs []string
+	// TLS, if set, makes the server offer TLS (ssl-ca, ssl-cert, ssl-key)
+	// with a certificate this CA issues for 127.0.0.1 and localhost. The
+	// harness's own connections then use TLS and verify it.
+	TLS *CA
+	// RequireSecureTransport (with TLS) refuses TCP connections without
+	// TLS: require_secure_transport=ON.
+	RequireSecureTransport bool
 }
 
 // Server is a private mariadbd owned by the test binary: its own datadir, port
@@ -62,7 +70,9 @@ type Server struct {
 	mariadbd string
 	serverID uint32
 	opts     ServerOptions
-	shared   bool // the shared server of MySQL: others' databases live here
+	shared   bool        // the shared server of MySQL: others' databases live here
+	tls      *tls.Config // the harness's client TLS when opts.TLS is set
+	cert     *Cert       // the server's certificate when opts.TLS is set
 
 	mu   sync.Mutex
 	port int
@@ -147,6 +157,15 @@ func newServer(opts ServerOptions) (_ *Server, err error) {
 	if s.serverID == 0 {
 		s.serverID = randomServerID()
 	}
+	if opts.RequireSecureTransport && opts.TLS == nil {
+		return nil, errors.New("ServerOptions.RequireSecureTransport needs ServerOptions.TLS")
+	}
+	if opts.TLS != nil {
+		if s.cert, err = opts.TLS.issue([]string{"127.0.0.1", "localhost"}); err != nil {
+			return nil, fmt.Errorf("issue the server certificate: %w", err)
+		}
+		s.tls = opts.TLS.ClientTLS("127.0.0.1")
+	}
 	for _, d := range []string{"data", "tmp"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("create server directory: %w", err)
@@ -227,6 +246,14 @@ func (s *Server) writeConfig() error {
 	w("innodb-flush-log-at-trx-commit=2")
 	w("performance-schema=OFF")
 	w("max-connections=500")
+	if s.cert != nil {
+		w("ssl-ca=%s", s.opts.TLS.CertFile)
+		w("ssl-cert=%s", s.cert.CertFile)
+		w("ssl-key=%s", s.cert.KeyFile)
+		if s.opts.RequireSecureTransport {
+			w("require-secure-transport=ON")
+		}
+	}
 	if err := os.WriteFile(s.cnf, []byte(b.String()), 0o600); err != nil {
 		return fmt.Errorf("write %s: %w", s.cnf, err)
 	}
@@ -293,6 +320,7 @@ func (s *Server) start() error {
 // readyTimeout passes.
 func (s *Server) waitReady(p *process) error {
 	cfg := configAt(s.addrLocked(), "")
+	cfg.TLS = s.tls
 	cfg.Timeout = time.Second
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
@@ -428,8 +456,15 @@ func (s *Server) Dir() string { return s.dir }
 func (s *Server) ErrorLog() string { return s.errLog }
 
 // config is the go-sql-driver configuration for root on database db ("" for
-// none). configAt is the same for a given address.
-func (s *Server) config(db string) *mysql.Config { return configAt(s.Addr(), db) }
+// none), with TLS on a TLS server. configAt is the same for a given address,
+// without TLS.
+func (s *Server) config(db string) *mysql.Config {
+	cfg := configAt(s.Addr(), db)
+	if s.tls != nil {
+		cfg.TLS = s.tls.Clone()
+	}
+	return cfg
+}
 
 func configAt(addr, db string) *mysql.Config {
 	cfg := mysql.NewConfig()
@@ -443,17 +478,29 @@ func configAt(addr, db string) *mysql.Config {
 }
 
 // DSN returns the go-sql-driver DSN of root on database db ("" for none), with
-// multiStatements=true and without parseTime.
+// multiStatements=true and without parseTime. A DSN has no room for a CA: on a
+// TLS server it carries no tls parameter, and the caller adds one (or the
+// relay's --mysql-tls-ca).
 func (s *Server) DSN(db string) string { return s.config(db).FormatDSN() }
 
+// TLSConfig is the client TLS configuration the harness uses on a TLS server
+// (trusting ServerOptions.TLS, verifying 127.0.0.1); nil on a plain one.
+func (s *Server) TLSConfig() *tls.Config {
+	if s.tls == nil {
+		return nil
+	}
+	return s.tls.Clone()
+}
+
 // Root returns a pool connected to the server as root without a default
-// database. It is closed at cleanup.
+// database (over TLS on a TLS server). It is closed at cleanup.
 func (s *Server) Root(t testing.TB) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("mysql", s.DSN(""))
+	connector, err := mysql.NewConnector(s.config(""))
 	if err != nil {
 		t.Fatalf("testenv: open root pool on %s: %v", s.Addr(), err)
 	}
+	db := sql.OpenDB(connector)
 	t.Cleanup(func() { db.Close() })
 	return db
 }
