@@ -1,11 +1,13 @@
 package canal
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -109,8 +111,12 @@ func CheckConnection(ctx context.Context, cfg Config) error {
 // same "access denied" (1045) as a wrong password. So when a connection
 // without TLS is denied, ExplainConnectError tries once more over TLS
 // without verifying the server, with the same user and password: when that
-// one is let in, TLS is what was missing. (This probe shows the server no
-// more than the refused connection did: the login exchange is the same.)
+// one is let in, TLS is what was missing. The probe is made only to a server
+// whose greeting says MariaDB: its login exchanges (mysql_native_password,
+// ed25519) send a scramble, never the password, so an unverified TLS peer
+// learns no more than the refused plain connection showed. MySQL names the
+// TLS requirement itself (3159), and its caching_sha2_password would send
+// the password in clear inside TLS: it is never probed.
 func ExplainConnectError(ctx context.Context, cfg Config, err error) error {
 	if err == nil {
 		return nil
@@ -119,6 +125,9 @@ func ExplainConnectError(ctx context.Context, cfg Config, err error) error {
 		return te
 	}
 	if cfg.TLS != nil || !accessDenied(err) {
+		return err
+	}
+	if !greetsAsMariaDB(ctx, cfg.addr()) {
 		return err
 	}
 	probe := cfg
@@ -137,6 +146,29 @@ func ExplainConnectError(ctx context.Context, cfg Config, err error) error {
 	}
 	return &TLSError{Addr: cfg.addr(), Err: err, Fix: fix,
 		Problem: fmt.Sprintf("user %q may connect to %s only over TLS (REQUIRE SSL) and the connection had none", cfg.User, cfg.addr())}
+}
+
+// greetsAsMariaDB reads the server's initial handshake packet, sent before
+// any login, and reports whether its version string names MariaDB.
+func greetsAsMariaDB(ctx context.Context, addr string) bool {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		return false
+	}
+	// 3 bytes of length, 1 of sequence, then protocol version 10 and the
+	// NUL-terminated server version.
+	buf := make([]byte, 128)
+	n, _ := io.ReadAtLeast(conn, buf, 6)
+	if n < 6 || buf[4] != 10 {
+		return false
+	}
+	version, _, _ := bytes.Cut(buf[5:n], []byte{0})
+	return bytes.Contains(bytes.ToLower(version), []byte("mariadb"))
 }
 
 // accessDenied reports whether err is the server's "access denied" at login.

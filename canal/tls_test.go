@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -88,4 +90,30 @@ func TestTailerTLS(t *testing.T) {
 		cfg.User, cfg.Password = user, "pw"
 		wantTLSError(t, CheckConnection(testCtx(t), cfg), fmt.Sprintf("user %q may connect to %s only over TLS (REQUIRE SSL)", user, srv.Addr()))
 	})
+}
+
+// The TLS probe of ExplainConnectError is made only to a server that greets
+// as MariaDB: the shared MariaDB does; a listener that is not a MySQL server
+// does not.
+func TestGreetsAsMariaDB(t *testing.T) {
+	db := testenv.MySQL(t)
+	ctx := testCtx(t)
+	if !greetsAsMariaDB(ctx, net.JoinHostPort(db.Host, strconv.Itoa(db.Port))) {
+		t.Fatal("the MariaDB server's greeting was not recognised")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Write([]byte("SSH-2.0-OpenSSH_9.2\r\n"))
+			c.Close()
+		}
+	}()
+	if greetsAsMariaDB(ctx, ln.Addr().String()) {
+		t.Fatal("a listener that is no MySQL server counted as MariaDB")
+	}
 }
