@@ -43,7 +43,7 @@ func (m *mysqlFlags) target() (*mysqlconn.Target, error) {
 	t, err := mysqlconn.New(m.options())
 	if err != nil {
 		if _, perr := mysql.ParseDSN(m.dsn); perr != nil {
-			return nil, usagef("--mysql-dsn %q: %v; the form is user:pass@tcp(host:port)/dbname", redact.DSN(m.dsn), perr)
+			return nil, usagef("--mysql-dsn %q: %v; the form is user:pass@tcp(host:port)/dbname", redact.DSN(m.dsn), redact.ParseError(perr, m.dsn))
 		}
 		return nil, usagef("%v", err)
 	}

@@ -54,7 +54,7 @@ type Target struct {
 func New(o Options) (*Target, error) {
 	cfg, err := mysql.ParseDSN(o.DSN)
 	if err != nil {
-		return nil, fmt.Errorf("--mysql-dsn %s does not parse (want user:pass@tcp(host:port)/db): %v", redact.DSN(o.DSN), redact.ParseError(err, o.DSN))
+		return nil, fmt.Errorf("--mysql-dsn does not parse (want user:pass@tcp(host:port)/db): %v", redact.ParseError(err, o.DSN))
 	}
 	t := &Target{passwordFile: o.PasswordFile}
 	t.host, t.port = splitAddr(cfg.Addr)
