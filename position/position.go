@@ -3,6 +3,7 @@ package position
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 )
@@ -52,8 +53,16 @@ func (p Position) String() string {
 	}
 }
 
-// ParseGTIDSet parses s in flavor's syntax; "" is the empty set.
+// ParseGTIDSet parses s in flavor's syntax; "" is the empty set. A MariaDB
+// list with an empty element (a stray comma, "0-1-100,") is refused:
+// go-mysql would read the empty element as the GTID 0-0-0 and put domain
+// 0 back at its start.
 func ParseGTIDSet(flavor, s string) (mysql.GTIDSet, error) {
+	if flavor == FlavorMariaDB {
+		if err := noEmptyGTIDs(s); err != nil {
+			return nil, err
+		}
+	}
 	set, err := mysql.ParseGTIDSet(flavor, s)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s GTID set %q: %w", flavor, s, err)
@@ -86,4 +95,18 @@ func Reached(pos, until Position) (bool, error) {
 		return pos.File > until.File, nil
 	}
 	return pos.Pos >= until.Pos, nil
+}
+
+// noEmptyGTIDs refuses a MariaDB GTID list (other than "") with an empty
+// element.
+func noEmptyGTIDs(s string) error {
+	if s == "" {
+		return nil
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		if strings.TrimSpace(part) == "" {
+			return fmt.Errorf("parse mariadb GTID set %q: an empty element between commas; write domain-server-sequence GTIDs separated by single commas, e.g. 0-1-100,1-1-5", s)
+		}
+	}
+	return nil
 }
