@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -20,6 +21,10 @@ const (
 	DefaultMaxAttempts      = 5
 	DefaultProgressInterval = 5 * time.Second
 	DefaultFlushTimeout     = 30 * time.Second
+
+	// MinRate is the lowest Rate other than 0 (unlimited): one message in
+	// 1000 s. Lower rates would wait longer than a time.Duration holds.
+	MinRate = 0.001
 
 	// A replay's default server id is drawn from [minServerID, minServerID
 	// + serverIDSpan): outside the relay's default range (7,364,000 plus
@@ -52,7 +57,7 @@ type Config struct {
 	// DryRun publishes nothing; the Summary says what would have been.
 	DryRun bool
 	// Rate limits publishing to this many messages per second; 0 is
-	// unlimited.
+	// unlimited. Otherwise at least MinRate; NaN and infinities are refused.
 	Rate float64
 
 	Lanes         int // AMQP channels; default 2
@@ -174,8 +179,8 @@ func (c *Config) Validate() error {
 	if len(c.Exchange) > 255 {
 		return refused("replay: exchange %.40q... is %d bytes, AMQP allows 255", c.Exchange, len(c.Exchange))
 	}
-	if c.Rate < 0 {
-		return refused("replay: rate %v is negative (0 is unlimited)", c.Rate)
+	if math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) || c.Rate < 0 || c.Rate > 0 && c.Rate < MinRate {
+		return refused("replay: rate %v: want 0 (unlimited) or a number of messages per second of at least %v", c.Rate, MinRate)
 	}
 	if c.Lanes == 0 {
 		c.Lanes = DefaultLanes
