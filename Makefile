@@ -47,19 +47,15 @@ tidy-check:
 # The fuzz targets of the parsers of what producers and operators write
 # (package:target). Their seed corpora (testdata/fuzz/<target>/) run as
 # ordinary tests with `make test`; here each target is fuzzed for FUZZTIME
-# with FUZZ_FLAGS (one worker by default: the machines are shared). A
-# failing input is written to the package's testdata/fuzz/<target>/: commit
-# it with the fix.
+# with FUZZ_FLAGS (one worker by default: the machines are shared), see
+# scripts/fuzz.sh. A failing input is written to the package's
+# testdata/fuzz/<target>/: commit it with the fix.
 FUZZTIME   ?= 60s
-FUZZ_FLAGS ?= -parallel 1
+FUZZ_FLAGS ?= -parallel=1
 FUZZ_TARGETS = \
 	./position:FuzzGTIDSet ./position:FuzzMissing \
 	./canal:FuzzRecordDecode ./publish:FuzzFromRecord \
 	./cmd/outbox-relay:FuzzConfigFile ./cmd/outbox-relay:FuzzReplayFilters
 
 fuzz:
-	@set -e; for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; name=$${t##*:}; \
-		echo "== $$name in $$pkg for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) $$pkg; \
-	done
+	FUZZ_FLAGS='$(FUZZ_FLAGS)' GO='$(GO)' scripts/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)

@@ -70,13 +70,13 @@ func NewGTIDs(flavor, set string) (*GTIDs, error) {
 }
 
 // mariaGTIDs parses every GTID of a MariaDB list, several of one domain
-// included. "" (or blanks) is the empty list; an empty element between
-// commas is refused, as ParseGTIDSet does.
+// included. "" (or blanks) is the empty list; an empty element or a
+// sequence number 0 is refused, as ParseGTIDSet does.
 func mariaGTIDs(s string) ([]*mysql.MariadbGTID, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
 	}
-	if err := noEmptyGTIDs(s); err != nil {
+	if err := checkMariaDBList(s); err != nil {
 		return nil, err
 	}
 	var out []*mysql.MariadbGTID
