@@ -129,7 +129,7 @@ func FuzzRecordDecode(f *testing.F) {
 // UTC.
 func checkTime(t *testing.T, col, text string, got time.Time) {
 	t.Helper()
-	if strings.HasPrefix(text, "0000-00-00") {
+	if strings.HasPrefix(text, "0000-00-00") && isDatetimeText(text) {
 		if !got.IsZero() {
 			t.Fatalf("%s %q decoded as %v, want the zero time", col, text, got)
 		}
