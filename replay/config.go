@@ -36,7 +36,7 @@ const (
 
 // Config configures one replay.
 type Config struct {
-	MySQLDSN string // go-sql-driver form user:pass@tcp(host:port)/db; the user needs REPLICATION SLAVE and REPLICATION CLIENT
+	MySQLDSN string // go-sql-driver form user:pass@tcp(host:port)/db; the user needs REPLICATION SLAVE, REPLICATION CLIENT and SELECT on outbox_relay_progress
 	AMQPURL  string // ignored by a dry run
 	Table    string // outbox table; default "outbox"
 	// RelayName is the relay whose current epoch the messages carry in

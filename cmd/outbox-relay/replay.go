@@ -88,7 +88,7 @@ func declareReplay(fs *flag.FlagSet) (config func() (replay.Config, error), asJS
 	var keys stringList
 	var serverID uint
 	asJSON = new(bool)
-	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT")
+	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT and SELECT on outbox_relay_progress")
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ `url`")
 	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
 	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name` whose current epoch the messages carry in x-relay-epoch (read only)")
