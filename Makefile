@@ -6,6 +6,7 @@
 #   make demo        the relay end to end: private MariaDB, RabbitMQ, producer, consumer
 #   make bench       outbox-relay bench on a private binlog-enabled MariaDB (BENCH_FLAGS=...)
 #   make tidy-check  go.mod and go.sum are tidy (does not change them)
+#   make fuzz        each fuzz target for FUZZTIME (default 60s), one after the other
 
 GO        ?= go
 # Test binaries run with private MariaDB servers and share the broker: two
@@ -13,7 +14,7 @@ GO        ?= go
 TEST_P    ?= 2
 TEST_FLAGS ?= -count=1 -timeout 12m -p $(TEST_P)
 
-.PHONY: build test lint tidy-check demo bench
+.PHONY: build test lint tidy-check demo bench fuzz
 
 build:
 	$(GO) build -o bin/outbox-relay ./cmd/outbox-relay
@@ -42,3 +43,19 @@ lint:
 # -diff prints what tidy would change and fails if anything; it changes nothing.
 tidy-check:
 	$(GO) mod tidy -diff
+
+# The fuzz targets of the parsers of what producers and operators write
+# (package:target). Their seed corpora (testdata/fuzz/<target>/) run as
+# ordinary tests with `make test`; here each target is fuzzed for FUZZTIME
+# with FUZZ_FLAGS (one worker by default: the machines are shared), see
+# scripts/fuzz.sh. A failing input is written to the package's
+# testdata/fuzz/<target>/: commit it with the fix.
+FUZZTIME   ?= 60s
+FUZZ_FLAGS ?= -parallel=1
+FUZZ_TARGETS = \
+	./position:FuzzGTIDSet ./position:FuzzMissing \
+	./canal:FuzzRecordDecode ./publish:FuzzFromRecord \
+	./cmd/outbox-relay:FuzzConfigFile ./cmd/outbox-relay:FuzzReplayFilters
+
+fuzz:
+	FUZZ_FLAGS='$(FUZZ_FLAGS)' GO='$(GO)' scripts/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)

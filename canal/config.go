@@ -91,6 +91,13 @@ type Config struct {
 	// error counts as a failed connection and is retried.
 	CheckServer func(ctx context.Context) error
 
+	// OnServerIDUnchecked, if set, receives Preflight's reason, in words,
+	// when it cannot check ServerID against the server's other replicas
+	// (the user may not list them), instead of the warning Preflight logs
+	// otherwise. The relay runs Preflight at every re-probe of the binlog
+	// and reports this once per process.
+	OnServerIDUnchecked func(reason string)
+
 	Logger *zap.Logger // default zap.NewNop()
 }
 

@@ -260,12 +260,17 @@ func toBytes(v any, notNull bool) ([]byte, error) {
 const datetimeLayout = "2006-01-02 15:04:05.999999"
 
 // toTime reads a DATETIME(6) as UTC with microseconds. NULL and zero dates
-// ('0000-00-00 …') are the zero time.
+// ('0000-00-00 …') are the zero time. Text not in the server's DATETIME
+// form ("YYYY-MM-DD hh:mm:ss" and up to six fractional digits) is an error:
+// time.Parse alone would also take a comma, one-digit hours or nanoseconds.
 func toTime(v any) (time.Time, error) {
 	switch x := v.(type) {
 	case time.Time:
 		return x.UTC(), nil
 	case string:
+		if !isDatetimeText(x) {
+			return time.Time{}, fmt.Errorf("%q is not a DATETIME (YYYY-MM-DD hh:mm:ss[.ffffff])", x)
+		}
 		if strings.HasPrefix(x, "0000-00-00") {
 			return time.Time{}, nil
 		}
@@ -279,4 +284,27 @@ func toTime(v any) (time.Time, error) {
 	default:
 		return time.Time{}, fmt.Errorf("unexpected %T", v)
 	}
+}
+
+// isDatetimeText reports whether s has the form the server writes a
+// DATETIME in: "YYYY-MM-DD hh:mm:ss", then optionally '.' and one to six
+// digits.
+func isDatetimeText(s string) bool {
+	const form = "dddd-dd-dd dd:dd:dd"
+	if len(s) < len(form) || len(s) == len(form)+1 || len(s) > len(form)+7 {
+		return false
+	}
+	for i := range len(s) {
+		want := byte('d')
+		switch {
+		case i < len(form):
+			want = form[i]
+		case i == len(form):
+			want = '.'
+		}
+		if want == 'd' && (s[i] < '0' || s[i] > '9') || want != 'd' && s[i] != want {
+			return false
+		}
+	}
+	return true
 }

@@ -106,7 +106,10 @@ func CurrentPosition(ctx context.Context, db *sql.DB) (position.Position, error)
 // A clash with another replica's server id is detected through SHOW REPLICA
 // HOSTS, which lists the replicas and binlog clients that registered (every
 // go-mysql tailer does). MariaDB 10.5+ allows that statement only with
-// REPLICATION MASTER ADMIN; without it the check is skipped with a warning.
+// REPLICATION MASTER ADMIN, which binlog mode does not otherwise need (and
+// which also lets a user set server_id and gtid_binlog_state): without it
+// the check is skipped, and the reason, in words, goes to
+// cfg.OnServerIDUnchecked, or is logged as a warning when that is nil.
 func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -186,9 +189,12 @@ func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 	for {
 		clash, err := serverIDClash(ctx, db, cfg.ServerID)
 		if err != nil {
-			log.Warn("preflight: server id clash with other replicas not checked: listing them needs "+
-				"REPLICATION MASTER ADMIN (MariaDB) or REPLICATION SLAVE (MySQL); make sure --server-id is unique by hand",
-				zap.Error(err))
+			reason := serverIDUnchecked(ctx, db, flavor, cfg.ServerID, err)
+			if cfg.OnServerIDUnchecked != nil {
+				cfg.OnServerIDUnchecked(reason)
+			} else {
+				log.Warn("preflight: " + reason)
+			}
 			return nil
 		}
 		if clash == nil || time.Now().After(deadline) {
@@ -223,17 +229,70 @@ func serverIDClash(ctx context.Context, db *sql.DB, id uint32) (error, error) {
 }
 
 // replicaHosts lists the registered replicas with the first statement the
-// server knows.
+// server knows: SHOW REPLICA HOSTS (MariaDB 10.5+), SHOW REPLICAS (MySQL
+// 8.0.22+), SHOW SLAVE HOSTS (older). A statement the server does not know
+// (a syntax error) is passed over; a refusal is a *replicasDeniedError.
 func replicaHosts(ctx context.Context, db *sql.DB) ([]map[string]string, string, error) {
-	var errs []error
+	var denied *replicasDeniedError
 	for _, stmt := range []string{"SHOW REPLICA HOSTS", "SHOW REPLICAS", "SHOW SLAVE HOSTS"} {
 		rows, err := queryMaps(ctx, db, stmt)
-		if err == nil {
+		var me *driver.MySQLError
+		switch {
+		case err == nil:
 			return rows, stmt, nil
+		case errors.As(err, &me) && me.Number == 1064: // ER_PARSE_ERROR: another server's statement
+			continue
+		case errors.As(err, &me) && isAccessDenied(me.Number):
+			if denied == nil {
+				denied = &replicasDeniedError{stmt: stmt, err: err}
+			}
+			continue
+		default:
+			return nil, stmt, fmt.Errorf("list the server's replicas (%s): %w", stmt, err)
 		}
-		errs = append(errs, err)
 	}
-	return nil, "", errors.Join(errs...)
+	if denied != nil {
+		return nil, denied.stmt, denied
+	}
+	return nil, "", errors.New("list the server's replicas: the server knows none of SHOW REPLICA HOSTS, SHOW REPLICAS, SHOW SLAVE HOSTS")
+}
+
+// replicasDeniedError: the user may not list the server's replicas.
+type replicasDeniedError struct {
+	stmt string
+	err  error
+}
+
+func (e *replicasDeniedError) Error() string {
+	return fmt.Sprintf("list the server's replicas (%s): %v", e.stmt, e.err)
+}
+func (e *replicasDeniedError) Unwrap() error { return e.err }
+
+// isAccessDenied reports whether a MySQL error number is a refusal for
+// want of a privilege: ER_DBACCESS_DENIED_ERROR, ER_TABLEACCESS_DENIED_ERROR,
+// ER_COLUMNACCESS_DENIED_ERROR, ER_SPECIFIC_ACCESS_DENIED_ERROR.
+func isAccessDenied(n uint16) bool { return n == 1044 || n == 1142 || n == 1143 || n == 1227 }
+
+// serverIDUnchecked says in words why id could not be checked against the
+// server's other replicas, and what to do.
+func serverIDUnchecked(ctx context.Context, db *sql.DB, flavor string, id uint32, err error) string {
+	var denied *replicasDeniedError
+	if !errors.As(err, &denied) {
+		return fmt.Sprintf("server id %d not checked against the server's other replicas and binlog clients (%v); "+
+			"make sure --server-id is unique among them (two clients with one id make the server drop one of the connections)", id, err)
+	}
+	priv := "REPLICATION MASTER ADMIN"
+	if flavor == FlavorMySQL {
+		priv = "REPLICATION SLAVE"
+	}
+	account, aerr := CurrentAccount(ctx, db)
+	if aerr != nil {
+		account = "this user"
+	}
+	return fmt.Sprintf("server id %d not checked against the server's other replicas and binlog clients: listing them (%s) "+
+		"needs the %s privilege, which %s lacks; make sure --server-id is unique among them by hand (two clients with one id "+
+		"make the server drop one of the connections), or GRANT %s ON *.* TO %s to have it checked",
+		id, denied.stmt, priv, account, priv, account)
 }
 
 // Privileges that satisfy each replication grant, as SHOW GRANTS prints them.
@@ -245,9 +304,9 @@ var (
 )
 
 func checkGrants(ctx context.Context, db *sql.DB, flavor string) ([]*PreflightError, error) {
-	var user string
-	if err := db.QueryRowContext(ctx, "SELECT CURRENT_USER()").Scan(&user); err != nil {
-		return nil, fmt.Errorf("preflight: read CURRENT_USER(): %w", err)
+	account, err := CurrentAccount(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("preflight: %w", err)
 	}
 	rows, err := db.QueryContext(ctx, "SHOW GRANTS")
 	if err != nil {
@@ -266,7 +325,6 @@ func checkGrants(ctx context.Context, db *sql.DB, flavor string) ([]*PreflightEr
 		return nil, fmt.Errorf("preflight: SHOW GRANTS: %w", err)
 	}
 	privs := globalPrivileges(grants)
-	account := quoteAccount(user)
 	var fails []*PreflightError
 	if !hasAny(privs, replSlaveEquivalents) {
 		fails = append(fails, &PreflightError{Check: CheckReplSlave,
@@ -277,7 +335,7 @@ func checkGrants(ctx context.Context, db *sql.DB, flavor string) ([]*PreflightEr
 		name, problem := "REPLICATION CLIENT", "REPLICATION CLIENT"
 		if flavor == FlavorMariaDB {
 			// MariaDB 10.5 renamed it; SHOW GRANTS prints the new name.
-			name, problem = "BINLOG MONITOR", "REPLICATION CLIENT (BINLOG MONITOR)"
+			name, problem = "BINLOG MONITOR", "BINLOG MONITOR (called REPLICATION CLIENT before MariaDB 10.5)"
 		}
 		fails = append(fails, &PreflightError{Check: CheckReplClient,
 			Problem: fmt.Sprintf("user %s lacks %s, needed to read binlog positions and list binlogs", account, problem),
@@ -315,6 +373,17 @@ func hasAny(privs map[string]bool, names []string) bool {
 		}
 	}
 	return false
+}
+
+// CurrentAccount is the account db's user logged in as, the way GRANT
+// names it: 'user'@'host', from CURRENT_USER() (the host is the pattern the
+// server matched, e.g. '%').
+func CurrentAccount(ctx context.Context, db *sql.DB) (string, error) {
+	var user string
+	if err := db.QueryRowContext(ctx, "SELECT CURRENT_USER()").Scan(&user); err != nil {
+		return "", fmt.Errorf("read CURRENT_USER(): %w", err)
+	}
+	return quoteAccount(user), nil
 }
 
 // quoteAccount turns CURRENT_USER()'s "user@host" into 'user'@'host'.

@@ -68,8 +68,9 @@ func setStatus(ctx context.Context, db *sql.DB, relayName, update string) (strin
 // QUERY on the connection that holds its lock), so it reads the status at
 // once instead of at its next heartbeat. false when no process holds the
 // lock. The relay's own MySQL user may do this; another user needs the
-// CONNECTION ADMIN (MySQL) or PROCESS/SUPER privilege, and without it the
-// error says so while the leader still notices at its next heartbeat.
+// CONNECTION ADMIN privilege (MariaDB; MySQL: CONNECTION_ADMIN) or SUPER,
+// and without it the error says so while the leader still notices at its
+// next heartbeat.
 func Wake(ctx context.Context, db *sql.DB, relayName string) (bool, error) {
 	var holder sql.NullInt64
 	lock := "outbox-relay:" + relayName

@@ -3,7 +3,10 @@
 -- Passwords here are for the local compose setup only.
 
 -- The relay: reads the binlog as a replica and works on the app database
--- (outbox rows, outbox_relay_progress, outbox_failed). See docs/operations.md.
+-- (outbox rows, outbox_relay_progress, outbox_failed). Database-level grants
+-- here because the tables do not exist yet when this runs (migrate creates
+-- them); docs/operations.md, "Grants per role", has the table-level grants
+-- of each role for a production database.
 CREATE USER IF NOT EXISTS 'relay'@'%' IDENTIFIED BY 'relay';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'relay'@'%';
 GRANT SELECT, INSERT, UPDATE, DELETE ON app.* TO 'relay'@'%';

@@ -70,13 +70,18 @@ func NewGTIDs(flavor, set string) (*GTIDs, error) {
 }
 
 // mariaGTIDs parses every GTID of a MariaDB list, several of one domain
-// included.
+// included. "" (or blanks) is the empty list; an empty element or a
+// sequence number 0 is refused, as ParseGTIDSet does.
 func mariaGTIDs(s string) ([]*mysql.MariadbGTID, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	if err := checkMariaDBList(s); err != nil {
+		return nil, err
+	}
 	var out []*mysql.MariadbGTID
 	for part := range strings.SplitSeq(s, ",") {
-		if part = strings.TrimSpace(part); part == "" {
-			continue
-		}
+		part = strings.TrimSpace(part)
 		gt, err := mysql.ParseMariadbGTID(part)
 		if err != nil {
 			return nil, fmt.Errorf("parse MariaDB GTID %q: %w", part, err)

@@ -121,9 +121,11 @@ func minusIntervals(a, b mysql.IntervalSlice) mysql.IntervalSlice {
 // Added returns the GTIDs cur holds beyond prev, two positions of one
 // reader in order (prev before cur): the GTIDs of the transactions between
 // them; for consecutive commit positions, the transaction's own GTID. On
-// MariaDB these are the entries of cur whose domain differs from prev's
-// (one GTID per domain: what a position names); on MySQL, cur minus prev.
-// The result is a GTID set string of flavor, "" when nothing was added.
+// MariaDB these are the entries of cur whose sequence number is above the
+// highest prev holds for their domain and server id (so prev and cur may
+// also be @@gtid_binlog_state lists, several server ids to a domain); on
+// MySQL, cur minus prev. The result is a GTID set string of flavor, "" when
+// nothing was added.
 func Added(flavor, prev, cur string) (string, error) {
 	switch flavor {
 	case FlavorMariaDB:
@@ -131,9 +133,10 @@ func Added(flavor, prev, cur string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		last := make(map[uint32]string, len(before))
+		top := make(map[mariaKey]uint64, len(before))
 		for _, gt := range before {
-			last[gt.DomainID] = gt.String()
+			k := mariaKey{gt.DomainID, gt.ServerID}
+			top[k] = max(top[k], gt.SequenceNumber)
 		}
 		after, err := mariaGTIDs(cur)
 		if err != nil {
@@ -141,8 +144,10 @@ func Added(flavor, prev, cur string) (string, error) {
 		}
 		var out []string
 		for _, gt := range after {
-			if s := gt.String(); last[gt.DomainID] != s {
-				out = append(out, s)
+			k := mariaKey{gt.DomainID, gt.ServerID}
+			if have, ok := top[k]; !ok || gt.SequenceNumber > have {
+				out = append(out, gt.String())
+				top[k] = gt.SequenceNumber // named once
 			}
 		}
 		return strings.Join(out, ","), nil

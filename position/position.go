@@ -3,6 +3,7 @@ package position
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 )
@@ -52,8 +53,17 @@ func (p Position) String() string {
 	}
 }
 
-// ParseGTIDSet parses s in flavor's syntax; "" is the empty set.
+// ParseGTIDSet parses s in flavor's syntax; "" is the empty set. A MariaDB
+// list is refused when an element is empty (a stray comma, "0-1-100,"):
+// go-mysql would read it as the GTID 0-0-0, putting domain 0 back at its
+// start; or when a sequence number is 0: the server numbers from 1, and
+// go-mysql prints 0-0-0 as nothing.
 func ParseGTIDSet(flavor, s string) (mysql.GTIDSet, error) {
+	if flavor == FlavorMariaDB {
+		if err := checkMariaDBList(s); err != nil {
+			return nil, err
+		}
+	}
 	set, err := mysql.ParseGTIDSet(flavor, s)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s GTID set %q: %w", flavor, s, err)
@@ -86,4 +96,22 @@ func Reached(pos, until Position) (bool, error) {
 		return pos.File > until.File, nil
 	}
 	return pos.Pos >= until.Pos, nil
+}
+
+// checkMariaDBList refuses a MariaDB GTID list (other than "") with an
+// empty element or a sequence number 0 (see ParseGTIDSet).
+func checkMariaDBList(s string) error {
+	if s == "" {
+		return nil
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			return fmt.Errorf("parse mariadb GTID set %q: an empty element between commas; write domain-server-sequence GTIDs separated by single commas, e.g. 0-1-100,1-1-5", s)
+		}
+		if i := strings.LastIndexByte(part, '-'); i >= 0 && strings.TrimLeft(part[i+1:], "0") == "" {
+			return fmt.Errorf("parse mariadb GTID set %q: GTID %q has sequence number 0; sequence numbers start at 1 (leave a domain out to name its start)", s, part)
+		}
+	}
+	return nil
 }

@@ -192,6 +192,7 @@ func TestRelayStopsReadingWhileAcknowledgementsFail(t *testing.T) {
 		// DELETE on the outbox table alone, so it can be taken away alone.
 		"GRANT SELECT, INSERT, UPDATE ON `" + db.Name + "`.* TO 'relay'@'127.0.0.1'",
 		"GRANT DELETE ON `" + db.Name + "`.outbox TO 'relay'@'127.0.0.1'",
+		"GRANT DELETE ON `" + db.Name + "`.outbox_relay_instances TO 'relay'@'127.0.0.1'",
 		"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'relay'@'127.0.0.1'",
 	} {
 		if _, err := root.Exec(q); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -49,6 +50,10 @@ type Relay struct {
 	published    publishedLog
 	state        *stateFile // nil without Config.StateFile
 	stateFailing bool       // the last write of the state file failed (logged once); acker goroutine only
+
+	// serverIDUnchecked logs once per process that the binlog preflight
+	// could not check --server-id (it runs again at every re-probe).
+	serverIDUnchecked sync.Once
 }
 
 // Ready is nil when the relay does its job: it leads and delivers (tails the
@@ -125,7 +130,11 @@ func New(cfg Config) (*Relay, error) {
 	}
 	cc := target.Binlog()
 	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
-	return &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, state: state, canal: cc}, nil
+	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, state: state, canal: cc}
+	r.canal.OnServerIDUnchecked = func(reason string) {
+		r.serverIDUnchecked.Do(func() { r.log.Named("canal").Warn("preflight: " + reason) })
+	}
+	return r, nil
 }
 
 // Close releases the database pool.
@@ -298,8 +307,10 @@ func (r *Relay) ping(ctx context.Context) error {
 }
 
 // checkTables makes sure the tables migrate creates exist with every column
-// this version uses: without them the relay could only retry leadership
-// forever, or fail at its first write of a new column.
+// this version uses, and that the relay's user may do what the relay does
+// with them (checkGrants): without them the relay could only retry
+// leadership forever, or fail at its first write of a new column or of a
+// kind it has no privilege for.
 func (r *Relay) checkTables(ctx context.Context) error {
 	quoted, err := outbox.QuoteTable(r.cfg.Table)
 	if err != nil {
@@ -318,16 +329,21 @@ func (r *Relay) checkTables(ctx context.Context) error {
 		}
 		cancel()
 		var me *mysql.MySQLError
-		if errors.As(err, &me) && me.Number == 1146 { // ER_NO_SUCH_TABLE
+		switch {
+		case errors.As(err, &me) && me.Number == 1146: // ER_NO_SUCH_TABLE
 			return &ConfigError{fmt.Errorf("table %q does not exist in database %q; run `outbox-relay migrate` with the same --mysql-dsn and --table first", t.name, r.canal.Schema)}
-		}
-		if err != nil && ctx.Err() == nil {
+		case errors.As(err, &me) && (me.Number == 1142 || me.Number == 1044):
+			// No SELECT: checkGrants names it with the others missing.
+		case err != nil && ctx.Err() == nil:
 			return fmt.Errorf("check table %q: %w", t.name, err)
 		}
 	}
-	// Tables of an older version lack the columns later migrations add.
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	if err := r.checkGrants(qctx, quoted); err != nil {
+		return err
+	}
+	// Tables of an older version lack the columns later migrations add.
 	err = migrations.Current(qctx, r.db, r.cfg.Table)
 	var schemaErr *migrations.SchemaError
 	switch {

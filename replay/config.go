@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -22,6 +23,10 @@ const (
 	DefaultProgressInterval = 5 * time.Second
 	DefaultFlushTimeout     = 30 * time.Second
 
+	// MinRate is the lowest Rate other than 0 (unlimited): one message in
+	// 1000 s. Lower rates would wait longer than a time.Duration holds.
+	MinRate = 0.001
+
 	// A replay's default server id is drawn from [minServerID, minServerID
 	// + serverIDSpan): outside the relay's default range (7,364,000 plus
 	// less than 100,000), and random per replay so that two replays at once
@@ -32,7 +37,7 @@ const (
 
 // Config configures one replay.
 type Config struct {
-	MySQLDSN string // go-sql-driver form user:pass@tcp(host:port)/db; the user needs REPLICATION SLAVE and REPLICATION CLIENT
+	MySQLDSN string // go-sql-driver form user:pass@tcp(host:port)/db; the user needs REPLICATION SLAVE, REPLICATION CLIENT and SELECT on outbox_relay_progress
 	AMQPURL  string // ignored by a dry run
 	// AMQPOptions are the TLS files and the password file for AMQPURL.
 	AMQPOptions publish.ConnOptions
@@ -63,7 +68,7 @@ type Config struct {
 	// DryRun publishes nothing; the Summary says what would have been.
 	DryRun bool
 	// Rate limits publishing to this many messages per second; 0 is
-	// unlimited.
+	// unlimited. Otherwise at least MinRate; NaN and infinities are refused.
 	Rate float64
 
 	Lanes         int // AMQP channels; default 2
@@ -194,8 +199,8 @@ func (c *Config) Validate() error {
 	if len(c.Exchange) > 255 {
 		return refused("replay: exchange %.40q... is %d bytes, AMQP allows 255", c.Exchange, len(c.Exchange))
 	}
-	if c.Rate < 0 {
-		return refused("replay: rate %v is negative (0 is unlimited)", c.Rate)
+	if math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) || c.Rate < 0 || c.Rate > 0 && c.Rate < MinRate {
+		return refused("replay: rate %v: want 0 (unlimited) or a number of messages per second of at least %v", c.Rate, MinRate)
 	}
 	if c.Lanes == 0 {
 		c.Lanes = DefaultLanes

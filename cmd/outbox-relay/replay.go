@@ -65,21 +65,30 @@ func (f timeFlag) String() string {
 	return f.t.Format(time.RFC3339)
 }
 
+// Set reads an RFC 3339 time. A time before 1970 counts as
+// 1970-01-01T00:00:00Z, where binlog event times start: the zero time.Time
+// (0001-01-01T00:00:00Z) would otherwise read as "not given".
 func (f timeFlag) Set(s string) error {
 	t, err := time.Parse(time.RFC3339, s)
 	if err != nil {
 		return fmt.Errorf("%q is not an RFC 3339 time such as 2026-11-23T14:00:00Z", s)
 	}
+	if epoch := time.Unix(0, 0).UTC(); t.Before(epoch) {
+		t = epoch
+	}
 	*f.t = t
 	return nil
 }
 
-func setupReplay(fs *flag.FlagSet) runFunc {
+// declareReplay declares replay's flags on fs. config returns the replay
+// they ask for once fs is parsed (before replay.Config.Validate); an error
+// is a usage error.
+func declareReplay(fs *flag.FlagSet) (config func() (replay.Config, error), asJSON *bool) {
 	var cfg replay.Config
 	var keys stringList
 	var serverID uint
-	var asJSON bool
-	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT")
+	asJSON = new(bool)
+	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT and SELECT on outbox_relay_progress")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
 	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
 	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name` whose current epoch the messages carry in x-relay-epoch (read only)")
@@ -94,19 +103,31 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 	fs.StringVar(&cfg.Filter.MessageType, "message-type", "", "replay only rows of this message `type`")
 	fs.StringVar(&cfg.Exchange, "exchange", "", "publish every message to this `exchange` instead of its own")
 	fs.BoolVar(&cfg.DryRun, "dry-run", false, "publish nothing; report what would be published")
-	fs.Float64Var(&cfg.Rate, "rate", 0, "at most `N` messages per second (0 = unlimited)")
-	fs.BoolVar(&asJSON, "json", false, "print the summary as a JSON object")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "at most `N` messages per second (0 = unlimited; else at least 0.001)")
+	fs.BoolVar(asJSON, "json", false, "print the summary as a JSON object")
+	return func() (replay.Config, error) {
+		if serverID > 1<<32-1 {
+			return replay.Config{}, usagef("--replay-server-id %d: at most %d", serverID, uint32(1<<32-1))
+		}
+		c := cfg
+		c.ServerID = uint32(serverID)
+		c.MySQLDSN, c.MySQLPasswordFile = my.dsn, my.passwordFile
+		c.MySQLTLSCA, c.MySQLTLSCert, c.MySQLTLSKey = my.tlsCA, my.tlsCert, my.tlsKey
+		c.Filter.PartitionKeys = append([]string(nil), keys...)
+		return c, nil
+	}, asJSON
+}
+
+func setupReplay(fs *flag.FlagSet) runFunc {
+	config, asJSON := declareReplay(fs)
 	return func(ctx context.Context, inv *invocation) error {
 		if err := noArgs(inv, "replay"); err != nil {
 			return err
 		}
-		if serverID > 1<<32-1 {
-			return usagef("--replay-server-id %d: at most %d", serverID, uint32(1<<32-1))
+		cfg, err := config()
+		if err != nil {
+			return err
 		}
-		cfg.ServerID = uint32(serverID)
-		cfg.MySQLDSN, cfg.MySQLPasswordFile = my.dsn, my.passwordFile
-		cfg.MySQLTLSCA, cfg.MySQLTLSCert, cfg.MySQLTLSKey = my.tlsCA, my.tlsCert, my.tlsKey
-		cfg.Filter.PartitionKeys = keys
 		cfg.Logger = inv.log
 		endProgress := func() {}
 		if f, ok := inv.stderr.(*os.File); ok && isTerminal(f) {
@@ -118,7 +139,7 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 		s, err := replay.Run(ctx, cfg)
 		endProgress() // the summary starts on a line of its own
 		if s != nil {
-			if asJSON {
+			if *asJSON {
 				if jerr := writeReplayJSON(inv.stdout, s); jerr != nil && err == nil {
 					err = jerr
 				}

@@ -38,7 +38,10 @@ With --mode auto (the default) a server that cannot serve the binlog (binlog
 off, grants missing, checkpoint purged) is polled with FOR UPDATE SKIP LOCKED
 instead, and the binlog is probed again every --binlog-retry-interval; the
 handover back delivers every pending row exactly once. With --mode binlog such a
-server exits with code 2 and a message naming the fix.`,
+server exits with code 2 and a message naming the fix. In every mode a MySQL
+user lacking a privilege run needs on its tables exits with code 2, naming each
+privilege, table and the GRANT that adds it (docs/operations.md, "Grants per
+role", lists every command's).`,
 		setup: setupRun,
 	})
 }
@@ -47,7 +50,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	var cfg relay.Config
 	maxInflight := byteSize(64 << 20)
 	var serverID uint
-	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT")
+	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user's grants: docs/operations.md, Grants per role")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
 	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
 	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name`: one leader per name, one progress row per name")
