@@ -56,7 +56,7 @@ func TestCLIMySQLTLS(t *testing.T) {
 		if err := os.WriteFile(cfgFile, fmt.Appendf(nil, "mysql-tls-ca: %s\n", ca.CertFile), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		r = runBinary(t, bin, nil, "replay", "--config", cfgFile, "--mysql-dsn", db.DSN, "--from-gtid", "0-0-0", "--dry-run",
+		r = runBinary(t, bin, nil, "replay", "--config", cfgFile, "--mysql-dsn", db.DSN, "--from-time", "2000-01-01T00:00:00Z", "--dry-run",
 			"--json", "--log-format", "console")
 		var sum struct{ Messages int }
 		if err := json.Unmarshal([]byte(r.stdout), &sum); r.code != 0 || err != nil || sum.Messages != n {
