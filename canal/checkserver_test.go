@@ -3,8 +3,6 @@ package canal
 import (
 	"context"
 	"errors"
-	"net"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,16 +19,7 @@ func TestCheckServerOnReconnect(t *testing.T) {
 	db := testenv.MySQL(t)
 	setupOutbox(t, db)
 	ctx := testCtx(t)
-	p := testenv.Proxy(t, net.JoinHostPort(db.Host, strconv.Itoa(db.Port)))
-	cfg := tailerConfig(t, db)
-	host, port, err := net.SplitHostPort(p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Host = host
-	if cfg.Port, err = strconv.Atoi(port); err != nil {
-		t.Fatal(err)
-	}
+	p, cfg := proxiedTailerConfig(t, db)
 	refuse := errors.New("this server lacks what was published")
 	var checks atomic.Int32
 	cfg.CheckServer = func(context.Context) error {

@@ -163,14 +163,9 @@ func TestKillServerMidStream(t *testing.T) {
 	t.Logf("%d rows exactly once across the kill, %d reconnect attempts, %d failed writes", len(got), retries.Load(), writeErrs.Load())
 }
 
-// TestProxyCutMidTransaction cuts the connection twice while a 5,000-row
-// transaction streams (once with a reset, once refusing reconnects for a
-// while): no row is duplicated or lost and the transaction's Commit counts
-// all 5,000.
-func TestProxyCutMidTransaction(t *testing.T) {
-	db := testenv.MySQL(t)
-	setupOutbox(t, db)
-	ctx := testCtx(t)
+// proxiedTailerConfig is tailerConfig reaching db through a fault proxy.
+func proxiedTailerConfig(t *testing.T, db *testenv.DB) (*testenv.FaultProxy, Config) {
+	t.Helper()
 	p := testenv.Proxy(t, net.JoinHostPort(db.Host, strconv.Itoa(db.Port)))
 	cfg := tailerConfig(t, db)
 	host, port, err := net.SplitHostPort(p.Addr())
@@ -181,6 +176,18 @@ func TestProxyCutMidTransaction(t *testing.T) {
 	if cfg.Port, err = strconv.Atoi(port); err != nil {
 		t.Fatal(err)
 	}
+	return p, cfg
+}
+
+// TestProxyCutMidTransaction cuts the connection twice while a 5,000-row
+// transaction streams (once with a reset, once refusing reconnects for a
+// while): no row is duplicated or lost and the transaction's Commit counts
+// all 5,000.
+func TestProxyCutMidTransaction(t *testing.T) {
+	db := testenv.MySQL(t)
+	setupOutbox(t, db)
+	ctx := testCtx(t)
+	p, cfg := proxiedTailerConfig(t, db)
 	var retries atomic.Int32
 	cfg.OnRetry = func(error, int) { retries.Add(1) }
 	tl, err := New(cfg)

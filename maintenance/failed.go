@@ -244,15 +244,7 @@ func PurgeFailedIDs(ctx context.Context, db *sql.DB, o PurgeIDsOptions) ([]Faile
 // failuresNamed reads the rows targets name, in id order (locking them
 // when lock); a target naming nothing is a *RefusedError.
 func failuresNamed(ctx context.Context, q queryer, targets []target, lock bool) ([]Failed, error) {
-	var msgs []outbox.MessageID
-	var rows []uint64
-	for _, t := range targets {
-		if t.row != 0 {
-			rows = append(rows, t.row)
-		} else {
-			msgs = append(msgs, t.msg)
-		}
-	}
+	msgs, rows := splitTargets(targets)
 	suffix := " ORDER BY id"
 	if lock {
 		suffix += " FOR UPDATE"

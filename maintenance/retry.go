@@ -154,6 +154,18 @@ type target struct {
 	row uint64
 }
 
+// splitTargets returns the message ids and the row ids targets name.
+func splitTargets(targets []target) (msgs []outbox.MessageID, rows []uint64) {
+	for _, t := range targets {
+		if t.row != 0 {
+			rows = append(rows, t.row)
+		} else {
+			msgs = append(msgs, t.msg)
+		}
+	}
+	return msgs, rows
+}
+
 // namedTargets returns the ids given, each once, message ids first.
 func namedTargets(ids []outbox.MessageID, rowIDs []uint64) ([]target, error) {
 	var out []target

@@ -201,15 +201,7 @@ func readUnits(ctx context.Context, q queryer, targets []target, lock bool) ([]*
 	if lock {
 		suffix += " FOR UPDATE" // a concurrent retry of the same message waits, then finds nothing
 	}
-	var msgs []outbox.MessageID
-	var rows []uint64
-	for _, t := range targets {
-		if t.row != 0 {
-			rows = append(rows, t.row)
-		} else {
-			msgs = append(msgs, t.msg)
-		}
-	}
+	msgs, rows := splitTargets(targets)
 	byMsg := map[outbox.MessageID][]failure{}
 	byRow := map[uint64]failure{}
 	scan := func(rs *sql.Rows) error {
