@@ -106,6 +106,7 @@ func TestManifests(t *testing.T) {
 			}
 			checkReferences(t, objs, k.definesSecret)
 			checkDeployment(t, objs)
+			checkConfig(t, objs)
 			checkRules(t, objs)
 		})
 	}
@@ -325,6 +326,62 @@ func checkDeployment(t *testing.T, objs []object) {
 	}
 	if n != 1 {
 		t.Errorf("%d Deployments rendered, want 1", n)
+	}
+}
+
+// checkConfig: the relay's config.yaml in the ConfigMap a workload mounts
+// holds no flag that is refused from a file, keeps mode auto, and names files
+// that the pod mounts: the passwords in the Secret's volume, the state file in
+// a writable emptyDir.
+func checkConfig(t *testing.T, objs []object) {
+	t.Helper()
+	cms := map[string]*corev1.ConfigMap{}
+	for _, o := range objs {
+		if cm, ok := o.obj.(*corev1.ConfigMap); ok {
+			cms[cm.Name] = cm
+		}
+	}
+	for where, p := range podTemplates(objs) {
+		for _, c := range p.Spec.Containers {
+			mounts := map[string]corev1.Volume{} // mount path -> volume
+			for _, m := range c.VolumeMounts {
+				for _, v := range p.Spec.Volumes {
+					if v.Name == m.Name {
+						mounts[m.MountPath] = v
+					}
+				}
+			}
+			v, ok := mounts["/etc/outbox-relay/config.yaml"]
+			if !ok || v.ConfigMap == nil || cms[v.ConfigMap.Name] == nil {
+				t.Errorf("%s: container %s does not mount a rendered ConfigMap at /etc/outbox-relay/config.yaml", where, c.Name)
+				continue
+			}
+			var cfg map[string]any
+			if err := yaml.UnmarshalStrict([]byte(cms[v.ConfigMap.Name].Data["config.yaml"]), &cfg); err != nil {
+				t.Errorf("%s: config.yaml of ConfigMap %s: %v", where, v.ConfigMap.Name, err)
+				continue
+			}
+			for _, k := range []string{"accept-lost-gtids", "force", "all"} {
+				if _, ok := cfg[k]; ok {
+					t.Errorf("%s: config.yaml sets %s, which the relay refuses from a file", where, k)
+				}
+			}
+			if m, ok := cfg["mode"]; ok && m != "auto" {
+				t.Errorf("%s: config.yaml sets mode %v: keep auto (a binlog-mode standby exits on the shared server id)", where, m)
+			}
+			in := func(key string, ok func(corev1.Volume) bool, what string) {
+				f, _ := cfg[key].(string)
+				v, found := mounts[filepath.Dir(f)]
+				if f == "" || !found || !ok(v) {
+					t.Errorf("%s: config.yaml's %s %q is not in %s mounted by container %s", where, key, f, what, c.Name)
+				}
+			}
+			in("mysql-password-file", func(v corev1.Volume) bool { return v.Secret != nil }, "a Secret")
+			in("amqp-password-file", func(v corev1.Volume) bool { return v.Secret != nil }, "a Secret")
+			if strings.HasPrefix(where, "Deployment/") {
+				in("state-file", func(v corev1.Volume) bool { return v.EmptyDir != nil }, "an emptyDir")
+			}
+		}
 	}
 }
 
