@@ -3,7 +3,11 @@
 # needed): the Grafana dashboard is JSON, the Prometheus config and alert
 # rules load and their unit tests pass (promtool, Debian package prometheus),
 # and docker-compose.yml parses (docker-compose, Debian package
-# docker-compose). Missing tools are installed with apt-get.
+# docker-compose), and the Kubernetes manifests of deploy/kubernetes render
+# with kustomize, decode strictly into the API types and reference only what
+# they define (deploy/kubernetes/check, its own Go module; no cluster; its
+# modules come from the Go module proxy once, then from the module cache).
+# Missing tools are installed with apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -18,4 +22,5 @@ python3 -m json.tool deploy/grafana-dashboard.json >/dev/null
 promtool check config deploy/prometheus.yml
 promtool test rules deploy/alerts_test.yml
 docker-compose -f docker-compose.yml config -q
+(cd deploy/kubernetes/check && ${GO:-go} vet ./... && ${GO:-go} test -count=1 ./...)
 echo "lint-deploy: deploy files are valid"
