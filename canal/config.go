@@ -98,6 +98,13 @@ type Config struct {
 	// and reports this once per process.
 	OnServerIDUnchecked func(reason string)
 
+	// OwnServerID, if set, is asked by Preflight when a binlog client is
+	// registered with ServerID: true means that client is this program's
+	// own (the relay: the leader of the same relay name, another process
+	// started with the same flags), so it is no clash. Only the leader
+	// reads the binlog; a standby's Preflight must not refuse it.
+	OwnServerID func(ctx context.Context) bool
+
 	Logger *zap.Logger // default zap.NewNop()
 }
 

@@ -197,6 +197,11 @@ func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 			}
 			return nil
 		}
+		if clash != nil && cfg.OwnServerID != nil && cfg.OwnServerID(ctx) {
+			log.Info("preflight: server id in use by this relay's own leader; this instance stands by",
+				zap.Uint32("server_id", cfg.ServerID))
+			return nil
+		}
 		if clash == nil || time.Now().After(deadline) {
 			return clash
 		}

@@ -82,6 +82,14 @@ type Leader struct {
 
 func (s *Store) lockName() string { return "outbox-relay:" + s.cfg.RelayName }
 
+// Led reports whether a session holds the relay name's leadership lock: a
+// leader runs (false also when the question could not be asked).
+func (s *Store) Led(ctx context.Context) bool {
+	var id sql.NullInt64
+	err := s.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", s.lockName()).Scan(&id)
+	return err == nil && id.Valid
+}
+
 // Acquire takes leadership: a *HeldError (errors.Is ErrHeld) when another
 // instance has it. A leader whose stored heartbeat is older than LeaderLease
 // is taken over: its lock connection is killed (the relay's user may kill

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -143,4 +144,56 @@ func TestStatusFailedOnSchemaMismatch(t *testing.T) {
 	}
 	rr.err = nil
 	wantFailed(ctx, t, db.SQL, "routing_key")
+}
+
+// Two instances of one relay name in --mode binlog with the same flags (so
+// the same --server-id): the second finds the first's binlog dump registered
+// under its id, and must stand by rather than refuse it as a clash; once the
+// first stops, it leads and tails. (The relay's user here is root, which may
+// list the server's replicas, so the clash check runs.)
+func TestBinlogStandbySharesTheLeadersServerID(t *testing.T) {
+	srv, db, b := privateSetup(t)
+	ctx := testenv.Context(t, 2*time.Minute)
+	cfg := Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, Mode: ModeBinlog,
+		HeartbeatInterval: 500 * time.Millisecond, ServerID: nextServerID.Add(1)}
+	first := runRelay(t, cfg, nil)
+	root := srv.Root(t)
+	waitFor(ctx, t, first, "the first instance's binlog dump registered under the server id", func() bool {
+		rows, err := root.QueryContext(ctx, "SHOW SLAVE HOSTS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		cols, _ := rows.Columns()
+		for rows.Next() {
+			vals := make([]any, len(cols))
+			ptrs := make([]any, len(cols))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				t.Fatal(err)
+			}
+			id := vals[0] // Server_id
+			if b, ok := id.([]byte); ok {
+				id = string(b)
+			}
+			if fmt.Sprint(id) == fmt.Sprint(cfg.ServerID) {
+				return true
+			}
+		}
+		return false
+	})
+	second := runRelay(t, cfg, nil)
+	waitFor(ctx, t, second, "the second instance standing by", func() bool {
+		var n int
+		if err := db.SQL.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox_relay_instances WHERE role = 'standby'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(ctx, t, second, "the second instance tailing after the first stopped", second.r.Tailing)
 }

@@ -131,6 +131,7 @@ func New(cfg Config) (*Relay, error) {
 	cc := target.Binlog()
 	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
 	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, state: state, canal: cc}
+	r.canal.OwnServerID = store.Led
 	r.canal.OnServerIDUnchecked = func(reason string) {
 		r.serverIDUnchecked.Do(func() { r.log.Named("canal").Warn("preflight: " + reason) })
 	}

@@ -367,7 +367,7 @@ func checkConfig(t *testing.T, objs []object) {
 				}
 			}
 			if m, ok := cfg["mode"]; ok && m != "auto" {
-				t.Errorf("%s: config.yaml sets mode %v: keep auto (a binlog-mode standby exits on the shared server id)", where, m)
+				t.Errorf("%s: config.yaml sets mode %v: keep auto (it polls while a hung leader's binlog connection still holds the shared server id)", where, m)
 			}
 			in := func(key string, ok func(corev1.Volume) bool, what string) {
 				f, _ := cfg[key].(string)
