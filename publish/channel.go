@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 )
@@ -258,7 +259,26 @@ func (c *Channel) Close() error {
 	c.mu.Unlock()
 	c.cancel()
 	<-c.done
+	c.endOpenSpans()
 	return nil
+}
+
+// endOpenSpans ends the publish spans of the messages left without a
+// Result by Close, so that they are exported (status error) rather than
+// lost. Only Close calls it, after run returned.
+func (c *Channel) endOpenSpans() {
+	if c.tracer == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.queue {
+		if e != nil && e.span != nil {
+			e.span.SetStatus(codes.Error, "no outcome: the channel was closed first")
+			e.span.End()
+			e.span = nil
+		}
+	}
 }
 
 func (c *Channel) notifyLocked() {
