@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -81,6 +83,16 @@ type Consumer struct {
 	// Logger receives failures (Warn) and messages given up on (Error).
 	// nil means no logging.
 	Logger *slog.Logger
+	// TracerProvider makes the consumer span each delivery's handler runs
+	// in: "process <Queue>", kind consumer, a child of (and linked to) the
+	// producer's span whose W3C trace context (traceparent, tracestate,
+	// baggage) outbox.Enqueue put in the headers. nil means the global
+	// otel.GetTracerProvider(), which makes no spans unless the application
+	// installed one.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context from the AMQP headers. nil means
+	// outbox.DefaultPropagator(): W3C Trace Context and W3C Baggage.
+	Propagator propagation.TextMapPropagator
 
 	stats struct{ processed, duplicates, retried, failed atomic.Int64 }
 	// afterCommit, when set (by tests), runs after a delivery's
@@ -236,8 +248,16 @@ func lane(d amqp.Delivery, workers int, next *int) int {
 	return *next
 }
 
-// handle processes one delivery and acks or requeues it.
+// handle processes one delivery and acks or requeues it, in the
+// delivery's consumer span.
 func (c *Consumer) handle(ctx context.Context, stop <-chan struct{}, d amqp.Delivery, report func(error)) {
+	ctx, span := c.startSpan(ctx, d)
+	defer span.End()
+	c.process(ctx, stop, d, report)
+}
+
+// process processes one delivery and acks or requeues it.
+func (c *Consumer) process(ctx context.Context, stop <-chan struct{}, d amqp.Delivery, report func(error)) {
 	id, err := outbox.ParseMessageID(d.MessageId)
 	if err != nil {
 		c.giveUpAndAck(ctx, stop, d, outbox.MessageID{}, 0, "",
@@ -280,6 +300,7 @@ func (c *Consumer) handle(ctx context.Context, stop <-chan struct{}, d amqp.Deli
 	}
 
 	// Failed: count the attempt, then retry or give up.
+	spanFailed(ctx, err)
 	n, cerr := countAttempt(ctx, c.Inbox.db, c.Inbox.consumer, id, err)
 	if cerr != nil {
 		c.log(slog.LevelWarn, "message failed; its attempt could not be counted", d, err, slog.Any("count_error", cerr))
@@ -303,6 +324,7 @@ func (c *Consumer) giveUpAndAck(ctx context.Context, stop <-chan struct{}, d amq
 		return
 	}
 	c.stats.failed.Add(1)
+	spanFailed(ctx, errors.New(reason))
 	c.log(slog.LevelError, "message given up: copied to "+FailedTable, d, errors.New(reason))
 	if err := d.Ack(false); err != nil {
 		report(fmt.Errorf("dedup: consumer %q: ack message %q after moving it to %s: %w", c.Inbox.consumer, d.MessageId, FailedTable, err))

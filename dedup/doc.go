@@ -33,6 +33,14 @@
 // creates the tables. docs/inbox.md has the whole story: guarantees,
 // redelivery policy, unknown message types, failed messages.
 //
+// # Tracing
+//
+// [Consumer] runs each handler in an OpenTelemetry consumer span whose
+// parent (and link) is the producer's span, read from the W3C headers
+// (traceparent, tracestate, baggage) that outbox.Enqueue wrote; a delivery
+// without them, or with a malformed traceparent, starts a new trace.
+// Spans come from Consumer.TracerProvider or the global provider.
+//
 // This package imports nothing from the relay; applications can depend on it
 // alone.
 package dedup

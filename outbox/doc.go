@@ -24,6 +24,13 @@
 // available_at in UTC (created_at as UTC_TIMESTAMP(6), independent of the
 // session's time_zone), and readers interpret them as UTC.
 //
+// Tracing: when Enqueue's ctx carries an OpenTelemetry span, its W3C trace
+// context (traceparent, tracestate, and baggage when set) goes into every
+// message's headers, through the OpenTelemetry propagation API only (no
+// SDK); the relay carries them and dedup.Consumer continues the trace.
+// [Writer] fields turn it off or change the propagator; docs/wire.md says
+// which headers carry the context.
+//
 // This package imports nothing from the relay; applications can depend on it
 // alone.
 package outbox

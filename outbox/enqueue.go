@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // Statement size limits for one INSERT.
@@ -30,6 +32,14 @@ type Writer struct {
 	// max_allowed_packet) if you enqueue many large messages per call and
 	// want them in one statement.
 	MaxStatementBytes int
+	// Propagator writes the trace context of Enqueue's ctx into every
+	// message's Headers. nil means DefaultPropagator(): W3C Trace Context
+	// (the headers traceparent and tracestate) and W3C Baggage (baggage).
+	// Nothing is added when ctx carries no valid span context, and a header
+	// the message sets itself (an explicit traceparent, say) is kept.
+	Propagator propagation.TextMapPropagator
+	// NoTracePropagation, when true, adds no trace context to the messages.
+	NoTracePropagation bool
 }
 
 // Enqueue inserts msgs into the "outbox" table with ex, which should be the
@@ -55,6 +65,10 @@ func Enqueue(ctx context.Context, ex Execer, msgs ...Message) ([]MessageID, erro
 //     order, on ex. They are atomic only if ex is a transaction: with a
 //     *sql.DB, an error may leave the earlier statements' messages written.
 //   - On a database error the returned ids are nil; roll the transaction back.
+//   - When ctx carries a span (OpenTelemetry), its W3C trace context goes
+//     into every message's Headers (traceparent, tracestate when set,
+//     baggage when set), unless NoTracePropagation; see Propagator. msgs
+//     and their Headers maps are not modified.
 func (w Writer) Enqueue(ctx context.Context, ex Execer, msgs ...Message) ([]MessageID, error) {
 	if len(msgs) == 0 {
 		return nil, nil
@@ -67,6 +81,7 @@ func (w Writer) Enqueue(ctx context.Context, ex Execer, msgs ...Message) ([]Mess
 	if err != nil {
 		return nil, fmt.Errorf("enqueue %d messages: %w", len(msgs), err)
 	}
+	msgs = w.withTraceContext(ctx, msgs)
 	rows := make([]prepared, len(msgs))
 	for i := range msgs {
 		if rows[i], err = prepare(i, &msgs[i]); err != nil {

@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 )
 
@@ -28,6 +30,7 @@ type Channel struct {
 	onResult func(Result)
 	window   int
 	log      *zap.Logger
+	tracer   trace.Tracer // nil: no spans
 	// ctx ends on Close or when the Publisher ends.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -67,6 +70,7 @@ type entry struct {
 	suspect  bool // unconfirmed when the broker closed the channel over one of several (probe mode)
 	resolved bool
 	res      Result
+	span     trace.Span // the publish span; nil when tracing is off
 }
 
 // NewChannel opens a Channel. onResult receives every message's Result.
@@ -80,6 +84,7 @@ func (p *Publisher) NewChannel(onResult func(Result)) (*Channel, error) {
 		p:        p,
 		onResult: onResult,
 		window:   p.cfg.ConfirmWindow,
+		tracer:   p.cfg.Tracer,
 		log:      p.log,
 		ctx:      ctx,
 		cancel:   cancel,
@@ -146,6 +151,9 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 	}
 	c.nextSeq++
 	e := &entry{seq: c.nextSeq, msg: m}
+	if c.tracer != nil {
+		e.span = c.startSpan(&e.msg)
+	}
 	c.queue = append(c.queue, e)
 	send := false
 	switch {
@@ -251,7 +259,26 @@ func (c *Channel) Close() error {
 	c.mu.Unlock()
 	c.cancel()
 	<-c.done
+	c.endOpenSpans()
 	return nil
+}
+
+// endOpenSpans ends the publish spans of the messages left without a
+// Result by Close, so that they are exported (status error) rather than
+// lost. Only Close calls it, after run returned.
+func (c *Channel) endOpenSpans() {
+	if c.tracer == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.queue {
+		if e != nil && e.span != nil {
+			e.span.SetStatus(codes.Error, "no outcome: the channel was closed first")
+			e.span.End()
+			e.span = nil
+		}
+	}
 }
 
 func (c *Channel) notifyLocked() {
@@ -316,6 +343,9 @@ func (c *Channel) deliver() {
 		}
 		e := c.queue[0]
 		c.mu.Unlock()
+		if e.span != nil {
+			endSpan(e.span, e.res)
+		}
 		c.onResult(e.res)
 		c.mu.Lock()
 		c.queue[0] = nil

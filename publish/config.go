@@ -6,6 +6,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
@@ -57,6 +58,10 @@ type Config struct {
 	// redialling in the background as for an unreachable broker, so an
 	// operator can fix the broker without the caller giving up what it holds.
 	RetryRefused bool
+	// Tracer, when set, makes one span per message: started when Publish
+	// accepts it, ended when its Result is delivered (confirm, return or
+	// reject). nil (the default) makes none and costs nothing.
+	Tracer trace.Tracer
 }
 
 // Validate applies the defaults to zero fields and checks the rest. Errors

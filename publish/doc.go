@@ -149,4 +149,12 @@
 // the same route, so both are returned or neither is, except when bindings
 // change between the two publishes. A message without a MessageId is matched
 // by exchange and routing key alone, which has the same property.
+//
+// # Tracing
+//
+// With Config.Tracer set, each accepted message gets a span "publish
+// <exchange>" (kind producer) from Publish until its Result is delivered,
+// or until Close for a message that gets none. Its parent and link is the
+// producer's context from the message's traceparent and tracestate
+// headers, which are sent unchanged. Without a Tracer no span is made.
 package publish

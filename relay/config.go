@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -57,6 +58,9 @@ type Config struct {
 	Logger   *zap.Logger
 	// Metrics receives the relay's figures; nil records nothing.
 	Metrics *metrics.Metrics
+	// Tracer, when set, makes one publish span per message (see
+	// publish.Config.Tracer); nil (the default) makes none.
+	Tracer trace.Tracer
 	// OnMode, if set, is told each mode a leader term enters (binlog or
 	// poll) and why, from the relay's goroutine; it must not block.
 	OnMode func(mode, reason string)

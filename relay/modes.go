@@ -311,6 +311,7 @@ func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 	pub, err := publish.New(ctx, publish.Config{
 		URL: r.cfg.AMQPURL, Conn: r.cfg.AMQPOptions, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
 		Logger:      r.log.Named("publish"),
+		Tracer:      r.cfg.Tracer,
 		OnReconnect: func() { r.cfg.Metrics.Reconnected(metrics.TargetAMQP) },
 		// A broker that refuses (login, vhost, TLS) or cannot be reached
 		// is retried while the relay keeps leadership; each failed attempt

@@ -73,6 +73,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a stop (SIGTERM, pause) waits for the work under way (the transaction being read, poll rounds, in-flight confirms) before cutting it; a cut is logged with the messages that will be published again")
 	declareOverride(fs, &cfg.AcceptLostGTIDs, "accept-lost-gtids", "resume on a server that lacks GTIDs this relay already published (a lossy failover): deliver what is pending there and tail from its own position")
 	fs.StringVar(&cfg.StateFile, "state-file", "", "`path` of a local file keeping the newest position this process published, so that a restarted process still detects a lossy failover (empty: memory only; one file per relay name)")
+	tracing := fs.Bool("tracing", false, "export one OpenTelemetry span per published message over OTLP/HTTP, in the producer's trace; configured by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, ...; docs/operations.md, Tracing)")
 	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")
 	maint := declareMaintenance(fs)
 	return func(ctx context.Context, inv *invocation) error {
@@ -111,6 +112,17 @@ func setupRun(fs *flag.FlagSet) runFunc {
 			if ln, err = metrics.Listen(*metricsAddr); err != nil {
 				return err
 			}
+		}
+		if *tracing {
+			tracer, stopTracing, err := startTracing(ctx, inv.log)
+			if err != nil {
+				if ln != nil {
+					ln.Close()
+				}
+				return err
+			}
+			defer stopTracing()
+			cfg.Tracer = tracer
 		}
 		r, err := relay.New(cfg)
 		if err != nil {
