@@ -59,6 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	if err == nil {
 		return exitOK
 	}
+	err = explainError(err)
 	fmt.Fprintf(stderr, "outbox-relay: %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 	var ue *usageError
 	if errors.As(err, &ue) {
