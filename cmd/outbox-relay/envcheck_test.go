@@ -1,0 +1,41 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// A mistyped OUTBOX_RELAY_ variable is reported with the closest one that
+// is read; a variable another command reads, or one far from any, is
+// handled as the contract says (silent; reported without a guess), and the
+// value is never printed.
+func TestUnknownEnvWarnings(t *testing.T) {
+	got := unknownEnvWarnings([]string{
+		"OUTBOX_RELAY_MYSQL_DNS=root:secret@tcp(h:3306)/app",
+		"OUTBOX_RELAY_MYSQL_DSN=root@tcp(h:3306)/app",
+		"OUTBOX_RELAY_RELAY_NAME=x",
+		"OUTBOX_RELAY_ZZZZZZZZZZZZZZZZZZZZ=1",
+		"PATH=/bin",
+	}, knownKeys())
+	if len(got) != 2 {
+		t.Fatalf("want 2 warnings, got %q", got)
+	}
+	if !strings.Contains(got[0], "OUTBOX_RELAY_MYSQL_DNS is ignored") || !strings.Contains(got[0], "did you mean OUTBOX_RELAY_MYSQL_DSN?") {
+		t.Errorf("typo: %q", got[0])
+	}
+	if !strings.Contains(got[1], "OUTBOX_RELAY_ZZZZZZZZZZZZZZZZZZZZ is ignored") || strings.Contains(got[1], "did you mean") {
+		t.Errorf("far from any: %q", got[1])
+	}
+	if strings.Contains(strings.Join(got, "\n"), "secret") {
+		t.Errorf("a value was printed: %q", got)
+	}
+}
+
+// The binary warns on stderr and still runs the command.
+func TestCLIWarnsAboutMistypedEnv(t *testing.T) {
+	bin := buildBinary(t)
+	r := runBinary(t, bin, []string{"OUTBOX_RELAY_MYSQL_DNS=root:secret@tcp(127.0.0.1:1)/x"}, "version")
+	if r.code != 0 || !strings.Contains(r.stderr, "OUTBOX_RELAY_MYSQL_DNS is ignored") || !strings.Contains(r.stderr, "OUTBOX_RELAY_MYSQL_DSN") || strings.Contains(r.stderr, "secret") {
+		t.Fatalf("%+v", r)
+	}
+}
