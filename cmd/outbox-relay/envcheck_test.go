@@ -39,3 +39,30 @@ func TestCLIWarnsAboutMistypedEnv(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+// Operator commands on a terminal log in console form at warn unless the
+// format or level was given; run and bench, and every command whose stderr
+// is not a terminal, keep the flags' values (JSON at info by default).
+func TestLogDefaults(t *testing.T) {
+	none := map[string]bool{}
+	for _, c := range []struct {
+		command      string
+		terminal     bool
+		given        map[string]bool
+		format, lvl  string
+		wantF, wantL string
+	}{
+		{"pause", true, none, "json", "info", "console", "warn"},
+		{"migrate", true, none, "json", "info", "console", "warn"},
+		{"replay", true, map[string]bool{"log-format": true}, "json", "info", "json", "warn"},
+		{"status", true, map[string]bool{"log-level": true}, "json", "debug", "console", "debug"},
+		{"pause", false, none, "json", "info", "json", "info"},
+		{"run", true, none, "json", "info", "json", "info"},
+		{"bench", true, none, "json", "info", "json", "info"},
+	} {
+		f, l := logDefaults(c.command, c.terminal, c.given, c.format, c.lvl)
+		if f != c.wantF || l != c.wantL {
+			t.Errorf("%s terminal=%v given=%v: %s %s, want %s %s", c.command, c.terminal, c.given, f, l, c.wantF, c.wantL)
+		}
+	}
+}

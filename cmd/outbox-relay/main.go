@@ -49,6 +49,8 @@ func usagef(format string, args ...any) error {
 // failure). A panic of another goroutine is printed by the Go runtime.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) (code int) {
 	var secrets []string
+	f, isFile := stderr.(*os.File)
+	terminal := isFile && isTerminal(f)
 	stdout, stderr = redact.Writer(stdout, &secrets), redact.Writer(stderr, &secrets)
 	defer func() {
 		if p := recover(); p != nil {
@@ -56,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 			code = exitFailure
 		}
 	}()
-	err := dispatch(ctx, args, stdout, stderr, lookupEnv, &secrets)
+	err := dispatch(ctx, args, stdout, stderr, terminal, lookupEnv, &secrets)
 	if err == nil {
 		return exitOK
 	}
