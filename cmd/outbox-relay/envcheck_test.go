@@ -66,3 +66,21 @@ func TestLogDefaults(t *testing.T) {
 		}
 	}
 }
+
+// status wraps the long mode reason of poll mode: no line over the width,
+// no word lost.
+func TestWrapText(t *testing.T) {
+	reason := strings.Repeat("the binlog cannot be read because replication client is missing ", 9) + strings.Repeat("x", 90)
+	lines := wrapText(reason, statusWidth)
+	if len(lines) < 8 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	for _, l := range lines {
+		if len(l) > statusWidth && strings.Contains(l, " ") {
+			t.Errorf("line of %d bytes: %q", len(l), l)
+		}
+	}
+	if strings.Join(lines, " ") != strings.TrimSpace(reason) {
+		t.Errorf("wrapped text differs:\n%q", strings.Join(lines, " "))
+	}
+}
