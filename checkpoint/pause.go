@@ -20,14 +20,28 @@ const SetByOperator = "checkpoint set by an operator"
 
 // Pause is the operator's `pause`: it sets the relay's status to PAUSED
 // (paused_at to now and paused_epoch to NULL, unless it was paused
-// already) and returns the status as it was before. ErrUnknownRelay when
-// the relay has no progress row. Wake the leader afterwards so it notices
-// before its next heartbeat.
+// already) and returns the status as it was before. A relay that has no
+// progress row yet (no relay ran with this name) gets one, PAUSED, and was
+// is "": its first leader starts paused. Wake the leader afterwards so it
+// notices before its next heartbeat.
 func Pause(ctx context.Context, db *sql.DB, relayName string) (was string, err error) {
-	return setStatus(ctx, db, relayName, `UPDATE outbox_relay_progress SET
+	was, err = setStatus(ctx, db, relayName, `UPDATE outbox_relay_progress SET
 		paused_at = IF(status = 'PAUSED', paused_at, UTC_TIMESTAMP(6)),
 		paused_epoch = IF(status = 'PAUSED', paused_epoch, NULL),
 		status = 'PAUSED' WHERE relay_name = ?`)
+	if !errors.Is(err, ErrUnknownRelay) {
+		return was, err
+	}
+	// IGNORE: a relay that created its row since is paused by the retry.
+	res, err := db.ExecContext(ctx, `INSERT IGNORE INTO outbox_relay_progress (relay_name, status, paused_at)
+		VALUES (?, 'PAUSED', UTC_TIMESTAMP(6))`, relayName)
+	if err != nil {
+		return "", fmt.Errorf("create the paused progress row of relay %q: %w", relayName, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		return Pause(ctx, db, relayName)
+	}
+	return "", nil
 }
 
 // Resume is the operator's `resume`: status ACTIVE, the pause columns and

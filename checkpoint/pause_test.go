@@ -21,8 +21,8 @@ func TestLeaderSeesPauseWhenWoken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := checkpoint.Pause(ctx, db, "default"); !errors.Is(err, checkpoint.ErrUnknownRelay) {
-		t.Fatalf("Pause of a relay without a row: %v, want ErrUnknownRelay", err)
+	if _, err := checkpoint.Resume(ctx, db, "default"); !errors.Is(err, checkpoint.ErrUnknownRelay) {
+		t.Fatalf("Resume of a relay without a row: %v, want ErrUnknownRelay", err)
 	}
 	leader, err := store.Acquire(ctx)
 	if err != nil {

@@ -66,7 +66,7 @@ func ServeListener(ctx context.Context, ln net.Listener, reg prometheus.Gatherer
 	addr := ln.Addr().String()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("serving metrics and health", zap.String("addr", addr))
+	log.Info("serving /metrics, /healthz and /readyz", zap.String("addr", addr))
 
 	select {
 	case err := <-errc:

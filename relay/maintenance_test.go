@@ -16,6 +16,7 @@ import (
 // and then every interval. A standby of the same relay name never calls it
 // (checked after it was refused leadership three times), takes it over when
 // it becomes the leader, and the old leader's calls stop with its term.
+// The standby says it is one once at INFO, then at DEBUG.
 func TestMaintenanceRunsOnTheLeaderOnly(t *testing.T) {
 	db, b := setup(t)
 	ctx := testenv.Context(t, time.Minute)
@@ -30,7 +31,7 @@ func TestMaintenanceRunsOnTheLeaderOnly(t *testing.T) {
 	stopFirst := startRelay(t, db, b, hook(&first))
 	maintWait(ctx, t, "the leader's maintenance to run 3 times", func() bool { return first.Load() >= 3 })
 
-	core, logs := observer.New(zap.InfoLevel)
+	core, logs := observer.New(zap.DebugLevel)
 	cfg := Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, ServerID: nextServerID.Add(1),
 		Logger: zap.New(core), StandbyRetry: 20 * time.Millisecond}
 	hook(&second)(&cfg)
@@ -53,6 +54,9 @@ func TestMaintenanceRunsOnTheLeaderOnly(t *testing.T) {
 	})
 	if n := second.Load(); n != 0 {
 		t.Fatalf("a standby ran maintenance %d times", n)
+	}
+	if n := logs.FilterMessageSnippet("standby").FilterLevelExact(zap.InfoLevel).Len(); n != 1 {
+		t.Fatalf("the standby logged %d INFO lines saying so, want 1 (then DEBUG)", n)
 	}
 
 	if err := stopFirst(); err != nil {

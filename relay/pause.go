@@ -65,6 +65,10 @@ func (r *Relay) logCheckpoint(ctx context.Context, msg string) {
 	if strings.HasPrefix(p.ModeReason, checkpoint.SetByOperator) {
 		log = r.log.Warn
 	}
-	log(msg, zap.Stringer("checkpoint", p.Position), zap.String("stored_mode", p.Mode),
+	checkpointText := p.Position.String()
+	if p.Position.IsZero() {
+		checkpointText = "none yet (first start)"
+	}
+	log(msg, zap.String("checkpoint", checkpointText), zap.String("stored_mode", p.Mode),
 		zap.String("mode_reason", p.ModeReason), zap.Int64("epoch", p.Epoch))
 }

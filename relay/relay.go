@@ -164,6 +164,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	row := &instanceRow{r: r}
 	defer row.remove(ctx)
 	retry := &backoff.Counter{Min: 200 * time.Millisecond, Max: 10 * time.Second}
+	// A standby says so once at INFO, then at DEBUG at every look, until
+	// it leads (and stands by again) or the leader changes.
+	lastLeader := ""
 	for {
 		leader, err := r.store.Acquire(ctx)
 		switch {
@@ -179,7 +182,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			d := min(r.cfg.StandbyRetry, r.cfg.LeaderLease/4)
 			var held *checkpoint.HeldError
 			if errors.As(err, &held) {
-				r.log.Info("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName),
+				log := r.log.Debug
+				if held.Leader != lastLeader {
+					log, lastLeader = r.log.Info, held.Leader
+				}
+				log("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName),
 					zap.String("leader", held.Leader), zap.Duration("heartbeat_age", held.Age))
 				// Look again just after the leader's lease would end.
 				if rest := held.Lease - held.Age + 100*time.Millisecond; rest > 0 && rest < d {
@@ -200,6 +207,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		lastLeader = ""
 		if took := leader.TookOver(); took != "" {
 			r.log.Warn("leading: "+took, zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
 		} else {

@@ -18,7 +18,7 @@ func init() {
 		summary: "measure latency, catch-up throughput, idle cost and resources of the relay",
 		help: `Runs the relay (this binary, as a subprocess) against --mysql-dsn, which must be a
 binlog-enabled server whose database bench may empty, and --amqp-url, and prints
-one table: commit → receive latency at --rate for --duration (beside how long
+one table: commit → receive latency at --latency-rate for --duration (beside how long
 the COMMITs themselves took, and a bare amqp091 publisher's publish → receive
 latency at the same rate just before it);
 catch-up msg/s on a --backlog of --payload-bytes messages and its ratio to a bare
@@ -39,7 +39,7 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	my := declareMySQL(fs, "root@tcp(127.0.0.1:3308)/bench", "binlog-enabled MySQL/MariaDB `dsn`; its outbox is emptied")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
 	fs.StringVar(&modes, "modes", "binlog,poll", "comma-separated relay modes to measure side by side")
-	fs.Float64Var(&cfg.Rate, "rate", 500, "messages per second in the latency phase")
+	fs.Float64Var(&cfg.Rate, "latency-rate", 500, "messages per second in the latency phase (a target; replay's --rate is a limit)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase")
 	fs.IntVar(&cfg.Backlog, "backlog", 200_000, "messages in the catch-up backlog")
 	fs.IntVar(&cfg.PayloadBytes, "payload-bytes", 256, "payload size")

@@ -43,6 +43,9 @@ type invocation struct {
 	stdout io.Writer
 	stderr io.Writer
 	log    *zap.Logger
+	// terminal: the process's stderr is a terminal (stderr above is a
+	// wrapper of it, never the *os.File itself).
+	terminal bool
 	// secrets are the passwords masked in everything the command prints:
 	// its stdout, stderr and log pass through redact.Writer with them, and
 	// what it serves otherwise (/readyz) goes through redact.Scrub with them.
@@ -72,14 +75,14 @@ type commonFlags struct {
 
 func declareCommon(fs *flag.FlagSet, c *commonFlags) {
 	fs.StringVar(&c.config, "config", "", "YAML `file` of flag values (keys are flag names)")
-	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or console")
-	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or console; operator commands (all but run and bench) default to console when stderr is a terminal")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error; operator commands (all but run and bench) default to warn when stderr is a terminal")
 }
 
 // dispatch runs the command args name. secrets receives the passwords found
 // in DSN and URL flags once the flags are resolved, before the command runs:
 // the caller's writers mask them.
-func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool), secrets *[]string) error {
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, terminal bool, lookupEnv func(string) (string, bool), secrets *[]string) error {
 	if len(args) == 0 {
 		printMainUsage(stderr)
 		return usagef("no command given; run 'outbox-relay help' for the list")
@@ -117,12 +120,15 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, look
 	}
 	*secrets = passwords(fs)
 
-	log, err := newLogger(common.logFormat, common.logLevel, stderr)
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true }) // by the command line, the environment or the file
+	format, level := logDefaults(name, terminal, given, common.logFormat, common.logLevel)
+	log, err := newLogger(format, level, stderr)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	return runner(ctx, &invocation{args: fs.Args(), stdout: stdout, stderr: stderr, log: log.With(zap.String("command", name)), secrets: secrets})
+	return runner(ctx, &invocation{args: fs.Args(), stdout: stdout, stderr: stderr, log: log.With(zap.String("command", name)), terminal: terminal, secrets: secrets})
 }
 
 // newFlagSet builds c's flag set with the common flags.

@@ -61,8 +61,11 @@
 // message that cannot be retried, an inbox age below the floor), with a
 // one-line message saying what to fix.
 //
-// Logs are JSON on stderr (--log-format console for people); command output
-// goes to stdout. Passwords in DSNs and AMQP URLs are never printed: DSNs and
+// Logs are JSON on stderr (--log-format console for people), except that the
+// operator commands (all but run and bench) log in console form at warn when
+// stderr is a terminal and neither flag is given; command output goes to
+// stdout. Every command's error names the fix (explainError), and an
+// OUTBOX_RELAY_* variable no command reads is reported on stderr. Passwords in DSNs and AMQP URLs are never printed: DSNs and
 // URLs are shown masked (internal/redact), and everything a command writes,
 // and /readyz, is filtered of the passwords of its --mysql-dsn and --amqp-url.
 //

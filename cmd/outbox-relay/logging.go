@@ -31,3 +31,22 @@ func newLogger(format, level string, w io.Writer) (*zap.Logger, error) {
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core, zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w)))), nil
 }
+
+// logDefaults returns the log format and level command uses. run and bench
+// log JSON at the flags' values (a log collector reads them); the operator
+// commands, when stderr is a terminal, log in console form at warn, so
+// their log does not interleave JSON with their text, unless --log-format or
+// --log-level was given (given: by the command line, the environment or
+// the config file), which wins.
+func logDefaults(command string, terminal bool, given map[string]bool, format, level string) (string, string) {
+	if command == "run" || command == "bench" || !terminal {
+		return format, level
+	}
+	if !given["log-format"] {
+		format = "console"
+	}
+	if !given["log-level"] {
+		level = "warn"
+	}
+	return format, level
+}

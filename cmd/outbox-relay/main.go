@@ -23,6 +23,7 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	warnUnknownEnv(os.Stderr, os.Environ())
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	os.Exit(code)
@@ -48,6 +49,8 @@ func usagef(format string, args ...any) error {
 // failure). A panic of another goroutine is printed by the Go runtime.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) (code int) {
 	var secrets []string
+	f, isFile := stderr.(*os.File)
+	terminal := isFile && isTerminal(f)
 	stdout, stderr = redact.Writer(stdout, &secrets), redact.Writer(stderr, &secrets)
 	defer func() {
 		if p := recover(); p != nil {
@@ -55,10 +58,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 			code = exitFailure
 		}
 	}()
-	err := dispatch(ctx, args, stdout, stderr, lookupEnv, &secrets)
+	err := dispatch(ctx, args, stdout, stderr, terminal, lookupEnv, &secrets)
 	if err == nil {
 		return exitOK
 	}
+	err = explainError(err)
 	fmt.Fprintf(stderr, "outbox-relay: %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 	var ue *usageError
 	if errors.As(err, &ue) {

@@ -131,6 +131,8 @@ func awaitPaused(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags,
 				switch {
 				case stopped && s.Leader != nil:
 					fmt.Fprintf(inv.stdout, "relay %s: paused; leader %s stopped at checkpoint %s\n", s.RelayName, s.Leader.Instance, checkpointText(j.Checkpoint))
+				case !s.Live() && was == "":
+					fmt.Fprintf(inv.stdout, "relay %s: paused; no relay has run with this name yet: the first one started with it starts paused\n", s.RelayName)
 				case !s.Live(): // also a leader that stopped for the pause and then exited
 					fmt.Fprintf(inv.stdout, "relay %s: paused; no leader is running: the next one starts paused (checkpoint %s)\n", s.RelayName, checkpointText(j.Checkpoint))
 				}

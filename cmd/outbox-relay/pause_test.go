@@ -179,15 +179,20 @@ func TestCLIPauseWithoutLeader(t *testing.T) {
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
-	if r := ops(t, db, "pause", "--relay-name", "nope"); r.code != 2 || !strings.Contains(r.stderr, "nope") {
-		t.Fatalf("pause of an unknown relay: %+v", r)
+	if r := ops(t, db, "resume", "--relay-name", "nope"); r.code != 2 || !strings.Contains(r.stderr, "nope") {
+		t.Fatalf("resume of an unknown relay: %+v", r)
 	}
-	opsExec(t, db, "INSERT INTO outbox_relay_progress (relay_name) VALUES ('default')")
-	if r := ops(t, db, "resume"); r.code != 0 || !strings.Contains(r.stdout, "not paused; nothing changed") {
+	opsExec(t, db, "INSERT INTO outbox_relay_progress (relay_name) VALUES ('other')")
+	if r := ops(t, db, "resume", "--relay-name", "other"); r.code != 0 || !strings.Contains(r.stdout, "not paused; nothing changed") {
 		t.Fatalf("resume of an active relay: %+v", r)
 	}
+	opsExec(t, db, "DELETE FROM outbox_relay_progress WHERE relay_name = 'other'")
+	// Before any relay ran with the name: the first one starts paused.
+	if r := ops(t, db, "pause"); r.code != 0 || !strings.Contains(r.stdout, "no relay has run with this name yet") {
+		t.Fatalf("pause before any run: %+v", r)
+	}
 	if r := ops(t, db, "pause"); r.code != 0 || !strings.Contains(r.stdout, "no leader is running") {
-		t.Fatalf("pause without a leader: %+v", r)
+		t.Fatalf("pause again without a leader: %+v", r)
 	}
 	s := statusOf(t, db)
 	if s.Status != "PAUSED" || s.Paused == nil || s.Paused.LeaderStopped || s.Paused.Since == nil {

@@ -130,8 +130,8 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 		}
 		cfg.Logger = inv.log
 		endProgress := func() {}
-		if f, ok := inv.stderr.(*os.File); ok && isTerminal(f) {
-			line := &progressLine{w: f}
+		if inv.terminal {
+			line := &progressLine{w: inv.stderr}
 			cfg.OnProgress, cfg.ProgressInterval, endProgress = line.show, time.Second, line.end
 		} else {
 			cfg.OnProgress = func(p replay.Progress) { logProgress(inv.log, p) }

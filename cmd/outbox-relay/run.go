@@ -135,7 +135,6 @@ func setupRun(fs *flag.FlagSet) runFunc {
 		httpDone := make(chan error, 1)
 		httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 		if ln != nil {
-			inv.log.Info("serving /metrics, /healthz and /readyz", zap.String("addr", ln.Addr().String()))
 			// /readyz quotes errors of the broker and the database client.
 			ready := func() error {
 				if err := r.Ready(); err != nil {

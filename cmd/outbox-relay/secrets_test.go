@@ -314,7 +314,7 @@ func leakSession(t *testing.T, scan *leakScanner, bin string, s *leakSetup) {
 	ops("cleanup", "--older-than", "1d")
 	ops("dedup-cleanup", "--older-than", "30d")
 	ops("partitions", "--once")
-	ops("bench", "--modes", "poll", "--runs", "1", "--backlog", "50", "--duration", "1s", "--rate", "50")
+	ops("bench", "--modes", "poll", "--runs", "1", "--backlog", "50", "--duration", "1s", "--latency-rate", "50")
 }
 
 // exchange is the exchange the relay and replay publish to.

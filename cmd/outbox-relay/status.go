@@ -306,7 +306,13 @@ func printStatus(w io.Writer, list []statusJSON) error {
 		}
 		fmt.Fprintf(tw, "relay\t%s\n", s.RelayName)
 		fmt.Fprintf(tw, "status\t%s%s%s\n", s.Status, pausedText(s.Paused), failedText(s.Failed))
-		fmt.Fprintf(tw, "mode\t%s%s\n", s.Mode, paren(s.ModeReason))
+		for i, line := range wrapText(s.Mode+paren(s.ModeReason), statusWidth) {
+			label := "mode"
+			if i > 0 {
+				label = ""
+			}
+			fmt.Fprintf(tw, "%s\t%s\n", label, line)
+		}
 		fmt.Fprintf(tw, "epoch\t%d\n", s.Epoch)
 		fmt.Fprintf(tw, "leader\t%s\n", leaderText(s.Leader))
 		fmt.Fprintf(tw, "standbys\t%s\n", standbysText(s.Standbys))
@@ -318,6 +324,28 @@ func printStatus(w io.Writer, list []statusJSON) error {
 		fmt.Fprintf(tw, "last event\t%s\n", timeText(s.LastEventAt))
 	}
 	return tw.Flush()
+}
+
+// statusWidth is the width status's text wraps a long value at (the mode
+// reason of poll mode is a paragraph).
+const statusWidth = 76
+
+// wrapText breaks s at spaces into lines of at most width bytes (a longer
+// word has a line of its own).
+func wrapText(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		if line != "" && len(line)+1+len(w) > width {
+			lines = append(lines, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += w
+	}
+	return append(lines, line)
 }
 
 func paren(s *string) string {
