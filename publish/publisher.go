@@ -215,6 +215,15 @@ func (p *Publisher) Blocked() bool {
 	return p.blocked
 }
 
+// Connected reports whether the Publisher has an open connection to the
+// broker, and returns a channel closed at the next change of that (or of
+// blocking). While it is down nothing can be confirmed: a stop need not wait
+// for confirms then, what is unconfirmed is published again anyway.
+func (p *Publisher) Connected() (bool, <-chan struct{}) {
+	conn, _, _, changed := p.state()
+	return conn != nil && !conn.IsClosed(), changed
+}
+
 // state returns the current connection (nil while down), whether publishing
 // is blocked, whether the Publisher is finished, and a channel closed at the
 // next change of any of these.
