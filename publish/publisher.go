@@ -33,10 +33,12 @@ type Publisher struct {
 	wg     sync.WaitGroup // the supervisor and the exchange checker goroutines
 
 	// checks feeds the exchange checker (exchanges.go), which answers one
-	// at a time; exchanges holds the exchanges known to exist.
+	// at a time; exchanges holds the exchanges known to exist, reported
+	// those found missing and already logged (once per name).
 	checks    chan exchangeCheck
 	exMu      sync.Mutex
 	exchanges map[string]struct{}
+	reported  map[string]struct{}
 
 	mu       sync.Mutex
 	conn     *amqp.Connection // nil while down
