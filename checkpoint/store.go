@@ -195,3 +195,20 @@ func (s *Store) SetMode(ctx context.Context, epoch int64, mode, reason string) e
 	}
 	return nil
 }
+
+// RecordLastEvent moves last_event_at of the progress row forward to t, the
+// created_at of the newest row acknowledged by a leader of the given epoch
+// (never backward); for the poller, whose acknowledgements do not go through
+// Ack. Best effort: a row of another epoch is left alone.
+func (s *Store) RecordLastEvent(ctx context.Context, epoch int64, t time.Time) error {
+	if t.IsZero() {
+		return nil
+	}
+	_, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress
+		SET last_event_at = GREATEST(COALESCE(last_event_at, ?), ?)
+		WHERE relay_name = ? AND epoch = ?`, t.UTC(), t.UTC(), s.cfg.RelayName, epoch)
+	if err != nil {
+		return fmt.Errorf("record last event time of relay %q: %w", s.cfg.RelayName, err)
+	}
+	return nil
+}

@@ -563,6 +563,7 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 		return 0, true, afterPublish(confirmed(items), fmt.Errorf("commit poll round of %d rows: %w", len(recs), err))
 	}
 	committed = true
+	p.recordLastEvent(fctx, w.log, recs)
 	p.observe(items, true, len(failed))
 	w.commits.done()
 	logFailed(w.log, items)
@@ -735,6 +736,21 @@ func (p *Poller) observe(items []*item, committed bool, failed int) {
 	}
 	if committed {
 		m.MessagesFailed(failed)
+	}
+}
+
+// recordLastEvent moves the progress row's last_event_at to the newest
+// created_at of a committed round's rows; a failure is logged, not
+// returned: the rows are acknowledged, only the status column lags.
+func (p *Poller) recordLastEvent(ctx context.Context, log *zap.Logger, recs []*outbox.Record) {
+	var newest time.Time
+	for _, r := range recs {
+		if r.CreatedAt.After(newest) {
+			newest = r.CreatedAt
+		}
+	}
+	if err := p.store.RecordLastEvent(ctx, p.epoch, newest); err != nil {
+		log.Warn("last_event_at not updated", zap.Error(err))
 	}
 }
 

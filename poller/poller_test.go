@@ -2,6 +2,7 @@ package poller_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"sync"
@@ -477,5 +478,37 @@ func waitFor(ctx context.Context, t *testing.T, cond func() bool) {
 			t.Fatalf("condition not met: %v", ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
+	}
+}
+
+// After a round is acknowledged, outbox_relay_progress.last_event_at holds
+// the created_at of the newest acknowledged row, as docs/tables.md says,
+// in poll mode as in binlog mode.
+func TestRunRecordsNewestAcknowledgedRow(t *testing.T) {
+	e := setup(t, checkpoint.Delete)
+	v := consume(t, e.broker)
+	ctx := testenv.Context(t, 2*time.Minute)
+	produce(ctx, t, e, v, load{producers: 2, partitions: 20, total: 500})
+	var newest time.Time
+	if err := e.pool.QueryRowContext(ctx, "SELECT MAX(created_at) FROM outbox").Scan(&newest); err != nil {
+		t.Fatal(err)
+	}
+	stop, _ := run(t, e.poller(t, nil))
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox", 0)
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	var got sql.NullTime
+	if err := e.pool.QueryRowContext(ctx, "SELECT last_event_at FROM outbox_relay_progress WHERE relay_name = 'default'").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if !got.Valid || !got.Time.Equal(newest) {
+		t.Fatalf("last_event_at = %v (set: %v), want the newest row's created_at %v", got.Time, got.Valid, newest)
 	}
 }

@@ -56,6 +56,22 @@ func (p *Publisher) rememberExchange(name string) {
 	p.exchanges[name] = struct{}{}
 }
 
+// reportMissing logs, once per name for the Publisher's life, that exchange
+// name does not exist: its messages go to outbox_failed until it is declared.
+func (p *Publisher) reportMissing(name string) {
+	p.exMu.Lock()
+	_, done := p.reported[name]
+	if p.reported == nil {
+		p.reported = map[string]struct{}{}
+	}
+	p.reported[name] = struct{}{}
+	p.exMu.Unlock()
+	if !done {
+		p.log.Warn("exchange not found on the broker: its messages go to outbox_failed until it is declared "+
+			"(with a queue bound); then retry them with 'outbox-relay failed retry'", zap.String("exchange", name))
+	}
+}
+
 // checkExchange returns the broker's 404 when exchange name does not exist,
 // nil when it exists (or when the broker answered something else: the
 // publish then goes ahead and any channel exception it causes is handled
@@ -78,6 +94,9 @@ func (p *Publisher) checkExchange(ctx context.Context, stop <-chan struct{}, nam
 	}
 	select {
 	case v := <-req.reply:
+		if v.missing != nil {
+			p.reportMissing(name)
+		}
 		return v.missing, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()

@@ -33,10 +33,12 @@ type Publisher struct {
 	wg     sync.WaitGroup // the supervisor and the exchange checker goroutines
 
 	// checks feeds the exchange checker (exchanges.go), which answers one
-	// at a time; exchanges holds the exchanges known to exist.
+	// at a time; exchanges holds the exchanges known to exist, reported
+	// those found missing and already logged (once per name).
 	checks    chan exchangeCheck
 	exMu      sync.Mutex
 	exchanges map[string]struct{}
+	reported  map[string]struct{}
 
 	mu       sync.Mutex
 	conn     *amqp.Connection // nil while down
@@ -213,6 +215,15 @@ func (p *Publisher) Blocked() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.blocked
+}
+
+// Connected reports whether the Publisher has an open connection to the
+// broker, and returns a channel closed at the next change of that (or of
+// blocking). While it is down nothing can be confirmed: a stop need not wait
+// for confirms then, what is unconfirmed is published again anyway.
+func (p *Publisher) Connected() (bool, <-chan struct{}) {
+	conn, _, _, changed := p.state()
+	return conn != nil && !conn.IsClosed(), changed
 }
 
 // state returns the current connection (nil while down), whether publishing

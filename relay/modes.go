@@ -245,7 +245,7 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 	for {
 		select {
 		case <-ctx.Done():
-			if err := r.stopRounds(ctx, stop, done, cancel); err != nil && !errors.Is(err, context.Canceled) {
+			if err := r.stopRounds(ctx, publisher, stop, done, cancel); err != nil && !errors.Is(err, context.Canceled) {
 				return nil, err
 			}
 			return nil, nil
@@ -261,7 +261,7 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 			}
 			// Let the rounds under way commit: what they published must
 			// not be published again by the handover's drain.
-			if err := r.stopRounds(ctx, stop, done, cancel); err != nil && !errors.Is(err, context.Canceled) {
+			if err := r.stopRounds(ctx, publisher, stop, done, cancel); err != nil && !errors.Is(err, context.Canceled) {
 				return nil, err
 			}
 			if lost := leader.Err(); lost != nil {
@@ -278,11 +278,13 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 // stopRounds closes stop and waits until the poller (RunUntil, ending on
 // done) has let its rounds under way commit, so nothing they published is
 // published again. Once ctx has ended (a shutdown or a pause) it waits at
-// most --shutdown-timeout, then cuts the rounds (cancel ends the poller's
-// context, which rolls them back) and logs at WARN how many messages they
+// most --shutdown-timeout, and not at all while pub has no connection to
+// the broker (no confirm can arrive: what the rounds sent is published
+// again whatever the wait); then it cuts the rounds (cancel ends the
+// poller's context, which rolls them back) and logs how many messages they
 // had published: those will be published again. It returns the poller's
 // error, nil after a cut.
-func (r *Relay) stopRounds(ctx context.Context, stop chan<- struct{}, done <-chan error, cancel context.CancelFunc) error {
+func (r *Relay) stopRounds(ctx context.Context, pub *publish.Publisher, stop chan<- struct{}, done <-chan error, cancel context.CancelFunc) error {
 	close(stop)
 	select {
 	case err := <-done:
@@ -291,19 +293,35 @@ func (r *Relay) stopRounds(ctx context.Context, stop chan<- struct{}, done <-cha
 	}
 	t := time.NewTimer(r.cfg.ShutdownTimeout)
 	defer t.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-t.C:
+	timedOut := false
+	for wait := true; wait; {
+		up, changed := pub.Connected()
+		if !up {
+			break
+		}
+		select {
+		case err := <-done:
+			return err
+		case <-changed:
+		case <-t.C:
+			timedOut, wait = true, false
+		}
 	}
 	cancel()
 	var cut *poller.CutError
 	if !errors.As(<-done, &cut) {
 		cut = &poller.CutError{}
 	}
-	r.log.Warn("stopping (shutdown or pause): poll rounds under way did not finish within --shutdown-timeout "+
-		"and were rolled back; the messages they published will be published again when the relay continues",
-		zap.Int("messages", cut.Messages), zap.Int("rounds", cut.Rounds), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
+	switch {
+	case timedOut:
+		r.log.Warn("stopping (shutdown or pause): poll rounds under way did not finish within --shutdown-timeout "+
+			"and were rolled back; the messages they published will be published again when the relay continues",
+			zap.Int("messages", cut.Messages), zap.Int("rounds", cut.Rounds), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
+	case cut.Rounds > 0:
+		r.log.Warn("stopping (shutdown or pause): the AMQP broker is unreachable, so poll rounds under way were rolled back "+
+			"at once; the messages they published will be published again when the relay continues",
+			zap.Int("messages", cut.Messages), zap.Int("rounds", cut.Rounds))
+	}
 	return nil
 }
 

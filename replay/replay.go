@@ -122,7 +122,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	case runErr != nil:
 		var pe *canal.PurgedError
 		if errors.As(runErr, &pe) {
-			runErr = &RefusedError{fmt.Errorf("replay: %w", runErr)}
+			// The server refuses the dump before sending anything: a
+			// refused run, without a summary.
+			return nil, unknownStart(ctx, db, flavor, b, pe)
 		} else {
 			runErr = fmt.Errorf("replay: read the binlog: %w", runErr)
 		}
@@ -253,4 +255,19 @@ func checkBroker(ctx context.Context, url string, opts publish.ConnOptions, exch
 		return fmt.Errorf("replay: check exchange %q: %w", exchange, err)
 	}
 	return nil
+}
+
+// unknownStart is the refusal of a start the server would not stream from
+// although CheckPosition let it pass (a GTID of a server id or domain the
+// server never logged, or one beyond its history): it names the start, the
+// server's reason, and the oldest and newest positions to choose from.
+func unknownStart(ctx context.Context, db *sql.DB, flavor string, b bounds, pe *canal.PurgedError) error {
+	oldest, err := oldestPosition(ctx, db, flavor, "")
+	if err != nil {
+		return err
+	}
+	return refused("replay: the start %s is not in the server's binlog history: it was never logged by this server "+
+		"(another server, or a domain or sequence number this server never wrote) or its binlogs were purged (server: %s); "+
+		"the oldest position available is %s%s, the newest is %s; give a start between them",
+		describe(b.from), pe.Detail, describe(oldest), orGTID(oldest), describe(b.limit))
 }

@@ -78,12 +78,7 @@ func resolve(ctx context.Context, db *sql.DB, t *canal.Tailer, flavor string, r 
 		if !errors.As(err, &pe) {
 			return bounds{}, fmt.Errorf("replay: check the start position: %w", err)
 		}
-		oldest, oerr := oldestPosition(ctx, db, flavor, "")
-		if oerr != nil {
-			return bounds{}, oerr
-		}
-		return bounds{}, refused("replay: the start %s is not in the server's binlogs any more (%s); the oldest position available is %s%s",
-			describe(b.from), pe.Detail, describe(oldest), orGTID(oldest))
+		return bounds{}, unknownStart(ctx, db, flavor, b, pe)
 	}
 
 	switch {

@@ -158,3 +158,32 @@ func TestReplayPurgedStartRefused(t *testing.T) {
 	}
 	checkReplayed(t, drain(t, b.URL, b.Queue), after, 0)
 }
+
+// A start that never existed on a server whose binlogs were never purged
+// (a GTID of a server id or domain the server never logged) is refused
+// before anything is read: no summary, and the message says the start is
+// not in the server's history and gives the oldest and newest positions.
+func TestReplayUnknownStartRefused(t *testing.T) {
+	srv := testenv.StartServer(t, testenv.ServerOptions{})
+	db := srv.CreateDatabase(t)
+	migrated(t, db)
+	b := testenv.RabbitMQ(t)
+	ctx := testenv.Context(t, time.Minute)
+	commit(ctx, t, db.SQL, time.Time{}, batch("real", 3, "k1")...)
+	newest := gtidPos(ctx, t, db.SQL)
+
+	for _, from := range []string{"0-4000000-7", "77-1-5"} {
+		cfg := baseConfig(t, db, b)
+		cfg.Range = Range{FromGTID: from}
+		s, err := Run(ctx, cfg)
+		var re *RefusedError
+		if !errors.As(err, &re) || s != nil || !strings.Contains(err.Error(), "oldest position available is") ||
+			!strings.Contains(err.Error(), "newest is "+newest) || strings.Contains(err.Error(), "handover") {
+			t.Fatalf("replay from %s: %v (summary %v); want a refusal, without a summary, naming the oldest and the newest (%s) positions", from, err, s, newest)
+		}
+		t.Logf("refused: %v", err)
+	}
+	if n := len(drain(t, b.URL, b.Queue)); n != 0 {
+		t.Fatalf("refused replays published %d messages", n)
+	}
+}

@@ -99,6 +99,10 @@ func setupFailed(fs *flag.FlagSet) runFunc {
 	declareOverride(fs, fl.all, "all", "retry: every message in outbox_failed")
 	fs.Var(fl.older, "older-than", "purge: delete failures older than this `age`, "+ageHelp)
 	fl.batch = declareBatch(fs)
+	for _, name := range []string{"batch-size", "batch-pause"} {
+		f := fs.Lookup(name)
+		f.Usage = "purge only: " + f.Usage
+	}
 	return func(ctx context.Context, inv *invocation) error {
 		args, given, err := parseInterleaved(fs, inv.args)
 		if errors.Is(err, flag.ErrHelp) {

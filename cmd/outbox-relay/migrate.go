@@ -20,9 +20,10 @@ func init() {
 		name:    "migrate",
 		summary: "create or complete the outbox-relay tables (safe to run repeatedly)",
 		help: `Creates what is missing of the outbox table (--table), outbox_relay_progress,
-outbox_failed, message_deduplication and message_inbox_attempts, upgrades tables
-made by earlier versions in place (created_at's default computed in UTC, the
-inbox's consumer column), and records the applied versions in
+outbox_failed, outbox_relay_instances, message_deduplication and
+message_inbox_attempts, upgrades tables made by earlier versions in place
+(created_at's default computed in UTC, the inbox's consumer column, the progress
+row's pause columns and failed_at), and records the applied versions in
 outbox_relay_migrations. Prints each version it applied, or "schema is up to
 date". Never drops anything and never loses rows. An existing table whose
 columns differ from what the relay needs is refused with a message naming the

@@ -55,7 +55,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
 	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name`: one leader per name, one progress row per name")
 	fs.UintVar(&serverID, "server-id", 0, "replica server `id` the relay reads the binlog as; unique among the server's replicas (0 = derived from --relay-name)")
-	fs.StringVar(&cfg.DefaultExchange, "default-exchange", "", "`exchange` for rows whose exchange column is empty")
+	fs.StringVar(&cfg.DefaultExchange, "default-exchange", "", "`exchange` for rows whose exchange column is empty; it, and every exchange a row names, must exist with a queue bound (the relay declares none; a message to a missing exchange goes to outbox_failed)")
 	fs.StringVar(&cfg.OnDelivered, "on-delivered", "delete", "what happens to a delivered row: delete or mark (sets delivered_at)")
 	fs.StringVar(&cfg.Mode, "mode", "auto", "auto (binlog when the server serves it, else poll), binlog, or poll")
 	fs.DurationVar(&cfg.FallbackAfter, "fallback-after", 30*time.Second, "auto: binlog trouble lasting this long while the database answers switches to poll mode")
@@ -193,7 +193,20 @@ func asUsage(err error) error {
 // 1048576, 512KiB, 64MiB, 1GiB (KB/MB/GB are read as the same powers of 1024).
 type byteSize int64
 
-func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+// String gives the size in the largest binary unit that divides it
+// (64MiB, not 67108864), the form the docs use; Set reads it back.
+func (b *byteSize) String() string {
+	n := int64(*b)
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.size == 0 {
+			return strconv.FormatInt(n/u.size, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
 
 func (b *byteSize) Set(s string) error {
 	units := []struct {

@@ -501,6 +501,47 @@ func TestRunSIGTERMIsClean(t *testing.T) {
 	}
 }
 
+// SIGTERM while the AMQP broker is unreachable (a port nothing listens on)
+// and rows wait in the outbox: nothing can be confirmed, so the relay does
+// not wait out --shutdown-timeout (5m here, the test's bound is far below);
+// it exits 0 with every row still in the outbox, and a relay started with
+// the broker delivers each exactly once, in order.
+func TestRunSIGTERMWithBrokerUnreachable(t *testing.T) {
+	const total = 200
+	ctx := testenv.Context(t, 3*time.Minute)
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	migrate(t, db.DSN)
+	v := consumeAll(t, b)
+	if err := testload.Run(ctx, db.SQL, v, testload.Load{Producers: 2, Partitions: 10, Total: total, Exchange: b.Exchange}); err != nil {
+		t.Fatal(err)
+	}
+	cut := newRelayProc(t, relayArgs(db, b, "--mode", "poll", "--shutdown-timeout", "5m",
+		"--amqp-url", "amqp://guest:guest@127.0.0.1:1/")...)
+	cut.start()
+	cut.waitLog(ctx, "cannot connect to the AMQP broker")
+	cut.waitLog(ctx, "polling the outbox table")
+	if code, _ := cut.terminate(time.Minute); code != 0 {
+		t.Fatalf("SIGTERM with the broker unreachable: exit code %d, want 0", code)
+	}
+	if n := outboxRows(ctx, t, db); n != total {
+		t.Fatalf("%d rows in the outbox after the stop, want all %d", n, total)
+	}
+
+	relay := newRelayProc(t, relayArgs(db, b, "--mode", "poll")...)
+	relay.start()
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox", 0)
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	if code, took := relay.terminate(time.Minute); code != 0 {
+		t.Fatalf("SIGTERM: exit code %d after %v", code, took)
+	}
+}
+
 // One committed transaction of 200,000 rows of 1 KiB passes through a relay
 // with --max-inflight-bytes=32MiB in bounded memory: all rows arrive once, in
 // order per partition, the outbox ends empty, peak RSS stays under 200 MB.
