@@ -268,18 +268,43 @@ func (p *pipeline) stopReading(ctx, readCtx context.Context) {
 	}
 	t := time.NewTimer(p.r.cfg.ShutdownTimeout)
 	defer t.Stop()
-	select {
-	case <-t.C:
-		p.txnMu.Lock()
-		sweeping := p.sweeping
-		p.txnMu.Unlock()
-		if !sweeping { // the sweep logs its own cut, with the count of its rounds
-			p.r.log.Warn("stopping (shutdown or pause): the transaction being read did not end within --shutdown-timeout; "+
-				"reading stops now, and the messages of its rows published so far will be published again when reading resumes",
-				zap.Int64("messages", p.txnRows.Load()), zap.Duration("shutdown_timeout", p.r.cfg.ShutdownTimeout))
+	timedOut, down := untilBrokerDown(p.publisher, t.C, readCtx.Done())
+	if !timedOut && !down {
+		return // reading ended at the transaction boundary
+	}
+	p.txnMu.Lock()
+	sweeping := p.sweeping
+	p.txnMu.Unlock()
+	switch {
+	case sweeping: // the sweep logs its own cut, with the count of its rounds
+	case down:
+		p.r.log.Warn("stopping (shutdown or pause): the AMQP broker is unreachable, so reading stops now in the middle of a transaction; "+
+			"the messages of its rows published so far will be published again when reading resumes",
+			zap.Int64("messages", p.txnRows.Load()))
+	default:
+		p.r.log.Warn("stopping (shutdown or pause): the transaction being read did not end within --shutdown-timeout; "+
+			"reading stops now, and the messages of its rows published so far will be published again when reading resumes",
+			zap.Int64("messages", p.txnRows.Load()), zap.Duration("shutdown_timeout", p.r.cfg.ShutdownTimeout))
+	}
+	p.cancelRead()
+}
+
+// untilBrokerDown waits for done or timeout, and returns early with down
+// set once pub has no connection to the broker: nothing under way can then
+// be published or confirmed, so a stop need not wait for it.
+func untilBrokerDown(pub *publish.Publisher, timeout <-chan time.Time, done <-chan struct{}) (timedOut, down bool) {
+	for {
+		up, changed := pub.Connected()
+		if !up {
+			return false, true
 		}
-		p.cancelRead()
-	case <-readCtx.Done():
+		select {
+		case <-done:
+			return false, false
+		case <-changed:
+		case <-timeout:
+			return true, false
+		}
 	}
 }
 
