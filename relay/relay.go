@@ -133,7 +133,7 @@ func New(cfg Config) (*Relay, error) {
 	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, state: state, canal: cc}
 	r.canal.OwnServerID = store.Led
 	r.canal.OnServerIDUnchecked = func(reason string) {
-		r.serverIDUnchecked.Do(func() { r.log.Named("canal").Warn("preflight: " + reason) })
+		r.serverIDUnchecked.Do(func() { r.log.Named("canal").Info("preflight: " + reason) })
 	}
 	return r, nil
 }
