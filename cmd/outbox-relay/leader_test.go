@@ -176,7 +176,7 @@ func startFailover(t *testing.T, ctx context.Context, db *testenv.DB, b *testenv
 	f.leader.waitLog(ctx, "leading")
 	f.standby = newRelayProc(t, relayArgs(db, b, flags...)...)
 	f.standby.start()
-	f.standby.waitLog(ctx, "standby")
+	f.standby.waitLog(ctx, "standby: another instance leads")
 	go func() {
 		// Rounds that each run to completion: every committed row is told
 		// to the validator, and the stream lasts as long as the test.
@@ -285,7 +285,7 @@ func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 
 	f.leader.cont()
 	woke := time.Now()
-	f.leader.waitLog(ctx, "standby")
+	f.leader.waitLog(ctx, "standby: another instance leads")
 	if e := progressEpoch(ctx, t, db); e != e2 {
 		t.Errorf("progress row at epoch %d after the stale leader woke, want %d (the new leader's)", e, e2)
 	}
@@ -328,7 +328,7 @@ func TestLeaderLosesLockConnection(t *testing.T) {
 	first, _ := f.seen.first(afterEpoch(e1))
 	last, _ := f.seen.last(ofEpoch(e1))
 	proxy.Enable()
-	f.leader.waitLog(ctx, "standby")
+	f.leader.waitLog(ctx, "standby: another instance leads")
 	dups := f.finish()
 	t.Logf("lock connection cut: the leader logged the loss %v after the cut, its last delivery arrived %v after it; "+
 		"first delivery of the new leader %v after it; %d duplicates",
@@ -413,7 +413,7 @@ func TestLeaderFailoverLockKilledWhileStopped(t *testing.T) {
 		t.Fatalf("woke the old leader %v after the stop, past its lease (%v after the stop): the test proves nothing",
 			woke.Sub(stopped).Round(time.Millisecond), oldLeaseEnd.Sub(stopped).Round(time.Millisecond))
 	}
-	f.leader.waitLog(ctx, "standby")
+	f.leader.waitLog(ctx, "standby: another instance leads")
 	f.seen.waitFor(ctx, t, "from the new leader", 200, afterEpoch(e1))
 	dups := f.finish()
 

@@ -50,8 +50,8 @@ func TestStatusShowsStandbys(t *testing.T) {
 	sb2 := newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
 	sb1.start()
 	sb2.start()
-	sb1.waitLog(ctx, "standby")
-	sb2.waitLog(ctx, "standby")
+	sb1.waitLog(ctx, "standby: another instance leads")
+	sb2.waitLog(ctx, "standby: another instance leads")
 	leaderName, name1, name2 := instanceOf(t, leader), instanceOf(t, sb1), instanceOf(t, sb2)
 
 	// A standby records itself before it logs "standby": no wait needed.
