@@ -6,24 +6,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
 // The dashboard and the alert rules in deploy/ use only metric names this
 // package registers (histogram series with their _bucket/_sum/_count
 // suffixes), and every relay metric appears on the dashboard.
 func TestDeployFilesUseRegisteredMetrics(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	if _, err := metrics.New(reg); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mfs := registeredFamilies(t)
 	known := map[string]string{} // series name → family name
 	for _, mf := range mfs {
 		n := mf.GetName()

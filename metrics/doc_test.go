@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/outbox-relay/outbox-relay/metrics"
 )
@@ -16,14 +17,7 @@ import (
 // docs/operations.md list exactly the series the relay registers: a new
 // metric cannot go undocumented, and a documented one cannot vanish.
 func TestDocsListEveryRegisteredMetric(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	if _, err := metrics.New(reg); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mfs := registeredFamilies(t)
 	var registered []string
 	for _, mf := range mfs {
 		registered = append(registered, mf.GetName())
@@ -70,4 +64,18 @@ func TestDocsListEveryRegisteredMetric(t *testing.T) {
 			}
 		}
 	}
+}
+
+// registeredFamilies is every metric family the relay registers.
+func registeredFamilies(t *testing.T) []*dto.MetricFamily {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if _, err := metrics.New(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mfs
 }
