@@ -15,21 +15,13 @@ import (
 // column on the next migrate, NULL, and keeps its row; running migrate
 // again does nothing.
 func TestApplyAddsModeReason(t *testing.T) {
-	db := testenv.MySQL(t).SQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
+	db := olderSchema(ctx, t,
 		"ALTER TABLE outbox_relay_progress DROP COLUMN mode_reason",
 		"DELETE FROM outbox_relay_migrations WHERE version LIKE '0005%'",
 		"INSERT INTO outbox_relay_progress (relay_name, gtid_set, mode, epoch, last_error) VALUES ('r', '0-1-7', 'poll', 3, 'boom')",
-	} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	applied, err := migrations.Apply(ctx, db, migrations.Options{})
 	if want := []string{"0005_progress_mode_reason"}; err != nil || !slices.Equal(applied, want) {
 		t.Fatalf("applied %v, %v; want %v", applied, err, want)
@@ -54,21 +46,13 @@ func TestApplyAddsModeReason(t *testing.T) {
 // A progress table from before 0007 (no failed_at, a row in it) gets the
 // column on the next migrate, NULL, and keeps its row.
 func TestApplyAddsFailedAt(t *testing.T) {
-	db := testenv.MySQL(t).SQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
+	db := olderSchema(ctx, t,
 		"ALTER TABLE outbox_relay_progress DROP COLUMN failed_at",
 		"DELETE FROM outbox_relay_migrations WHERE version LIKE '0007%'",
 		"INSERT INTO outbox_relay_progress (relay_name, gtid_set, epoch) VALUES ('r', '0-1-7', 3)",
-	} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	if err := migrations.Current(ctx, db, ""); err == nil {
 		t.Fatal("Current accepts a progress table without failed_at")
 	}
@@ -87,4 +71,20 @@ func TestApplyAddsFailedAt(t *testing.T) {
 	if gtid != "0-1-7" || failedAt.Valid {
 		t.Fatalf("row after migrate: %q %v", gtid, failedAt)
 	}
+}
+
+// olderSchema migrates a fresh database, then runs queries on it (which
+// take it back to an earlier shape), and returns it.
+func olderSchema(ctx context.Context, t *testing.T, queries ...string) *sql.DB {
+	t.Helper()
+	db := testenv.MySQL(t).SQL
+	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range queries {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return db
 }
