@@ -137,7 +137,7 @@ func ExplainConnectError(ctx context.Context, cfg Config, err error) error {
 		return err
 	}
 	defer c.Close()
-	fix := "add tls=true to --mysql-dsn or set --mysql-tls-ca"
+	fix := "add tls=true to Config.MySQLDSN or set Config.MySQLTLSCA"
 	if r, qerr := c.Execute("SELECT @@GLOBAL.require_secure_transport"); qerr == nil {
 		if v, _ := r.GetInt(0, 0); v == 1 {
 			return &TLSError{Addr: cfg.addr(), Err: err, Fix: fix,
@@ -195,28 +195,28 @@ func tlsProblem(cfg *Config, err error) *TLSError {
 	customCA := cfg.TLS != nil && cfg.TLS.RootCAs != nil
 	switch {
 	case errors.As(err, &unknownCA) && customCA:
-		return te(fmt.Sprintf("the server's certificate is not signed by --mysql-tls-ca (server %s: %v)", addr, unknownCA),
-			"give --mysql-tls-ca the CA certificate that signed the server's certificate (the server's ssl-ca)")
+		return te(fmt.Sprintf("the server's certificate is not signed by Config.MySQLTLSCA (server %s: %v)", addr, unknownCA),
+			"give Config.MySQLTLSCA the CA certificate that signed the server's certificate (the server's ssl-ca)")
 	case errors.As(err, &unknownCA):
 		return te(fmt.Sprintf("the server's certificate is not signed by a CA this system trusts (server %s: %v)", addr, unknownCA),
-			"set --mysql-tls-ca to the CA certificate that signed it, or tls=skip-verify in --mysql-dsn to encrypt without verifying the server")
+			"set Config.MySQLTLSCA to the CA certificate that signed it, or tls=skip-verify in Config.MySQLDSN to encrypt without verifying the server")
 	case errors.As(err, &hostname):
 		return te(fmt.Sprintf("the server's certificate does not name the host connected to (server %s: %v)", addr, hostname),
-			"connect by a name or address the certificate holds (the host in --mysql-dsn), or reissue the server's certificate with this one")
+			"connect by a name or address the certificate holds (the host in Config.MySQLDSN), or reissue the server's certificate with this one")
 	case errors.As(err, &invalid):
 		return te(fmt.Sprintf("the server's certificate is not valid (server %s: %v)", addr, invalid),
 			"renew the server's certificate (or fix this machine's clock)")
 	case errors.As(err, &de) && de.Number == erSecureTransportRequired,
 		errors.As(err, &me) && me.Code == erSecureTransportRequired:
 		return te(fmt.Sprintf("the server requires TLS (require_secure_transport=ON) and the connection to %s had none", addr),
-			"add tls=true to --mysql-dsn or set --mysql-tls-ca")
+			"add tls=true to Config.MySQLDSN or set Config.MySQLTLSCA")
 	case noTLSOffered(err):
 		return te(fmt.Sprintf("the server at %s does not offer TLS, which the connection requires", addr),
-			"enable TLS on the server (ssl-cert, ssl-key), or remove the tls parameter from --mysql-dsn and the --mysql-tls-* flags (tls=preferred uses TLS only where offered)")
+			"enable TLS on the server (ssl-cert, ssl-key), or remove the tls parameter from Config.MySQLDSN, and Config.MySQLTLSCA, Config.MySQLTLSCert and Config.MySQLTLSKey (tls=preferred uses TLS only where offered)")
 	case strings.Contains(err.Error(), "remote error: tls:"):
 		// The server's alert: it refused our certificate (or lack of one).
 		return te(fmt.Sprintf("the server at %s refused the TLS handshake (%s)", addr, remoteAlert(err)),
-			"check that --mysql-tls-cert is signed by the CA the server trusts (its ssl-ca) and matches --mysql-tls-key")
+			"check that Config.MySQLTLSCert is signed by the CA the server trusts (its ssl-ca) and matches Config.MySQLTLSKey")
 	}
 	return nil
 }

@@ -118,7 +118,7 @@ func FuzzRecordDecode(f *testing.F) {
 			t.Fatal("the record aliases the row's buffers")
 		}
 		if limit := len(payload) + len(headers) + len(key) + len(exchange) + len(routingKey) + len(msgType) +
-			len(contentType) + 256; rec.Size() > limit {
+			len(contentType) + outbox.RecordOverhead + 96; rec.Size() > limit {
 			t.Fatalf("record size %d, input %d", rec.Size(), limit)
 		}
 	})

@@ -7,7 +7,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -48,7 +47,7 @@ func setupOutbox(t testing.TB, db *testenv.DB) {
 func tailerConfig(t testing.TB, db *testenv.DB) Config {
 	return Config{
 		Host: db.Host, Port: db.Port, User: db.User, Password: db.Password,
-		ServerID:        uint32(1000 + mrand.N(900000)), // below testenv's server ids
+		ServerID:        testenv.ServerID(t),
 		Schema:          db.Name,
 		Table:           "outbox",
 		HeartbeatPeriod: 300 * time.Millisecond,

@@ -170,7 +170,7 @@ func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 	if cfg.ServerID == serverID {
 		fails = append(fails, &PreflightError{Check: CheckServerID,
 			Problem: fmt.Sprintf("server id %d is the server's own @@server_id", cfg.ServerID),
-			Fix:     "choose another --server-id, unique among the server and its replicas and binlog clients"})
+			Fix:     "choose another Config.ServerID, unique among the server and its replicas and binlog clients"})
 	}
 	switch len(fails) {
 	case 0:
@@ -227,7 +227,7 @@ func serverIDClash(ctx context.Context, db *sql.DB, id uint32) (error, error) {
 			return &PreflightError{Check: CheckServerID,
 				Problem: fmt.Sprintf("server id %d is used by a connected replica or binlog client (%s: host %q port %s)",
 					id, stmt, r["host"], r["port"]),
-				Fix: "choose another --server-id, or stop the other client (two clients with one id disconnect each other)"}, nil
+				Fix: "choose another Config.ServerID, or stop the other client (two clients with one id disconnect each other)"}, nil
 		}
 	}
 	return nil, nil
@@ -284,7 +284,7 @@ func serverIDUnchecked(ctx context.Context, db *sql.DB, flavor string, id uint32
 	var denied *replicasDeniedError
 	if !errors.As(err, &denied) {
 		return fmt.Sprintf("server id %d not checked against the server's other replicas and binlog clients (%v); "+
-			"make sure --server-id is unique among them (two clients with one id make the server drop one of the connections)", id, err)
+			"make sure Config.ServerID is unique among them (two clients with one id make the server drop one of the connections)", id, err)
 	}
 	priv := "REPLICATION MASTER ADMIN"
 	if flavor == FlavorMySQL {
@@ -295,7 +295,7 @@ func serverIDUnchecked(ctx context.Context, db *sql.DB, flavor string, id uint32
 		account = "this user"
 	}
 	return fmt.Sprintf("server id %d not checked against the server's other replicas and binlog clients: listing them (%s) "+
-		"needs the %s privilege, which %s lacks; make sure --server-id is unique among them by hand (two clients with one id "+
+		"needs the %s privilege, which %s lacks; make sure Config.ServerID is unique among them by hand (two clients with one id "+
 		"make the server drop one of the connections), or GRANT %s ON *.* TO %s to have it checked",
 		id, denied.stmt, priv, account, priv, account)
 }

@@ -308,7 +308,7 @@ func (t *Tailer) fatal(ctx context.Context, err error, s *session) error {
 				return fmt.Errorf("canal: %w", &PreflightError{
 					Check:   CheckServerID,
 					Problem: "the server refused the binlog dump: " + me.Message,
-					Fix:     "give this relay a --server-id no other replica or binlog client of the server uses",
+					Fix:     "give this relay a Config.ServerID no other replica or binlog client of the server uses",
 				})
 			}
 			return fmt.Errorf("canal: %w", &PurgedError{Position: s.committed, Detail: me.Message})

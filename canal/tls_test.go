@@ -52,7 +52,7 @@ func TestTailerTLS(t *testing.T) {
 	t.Run("CA that did not sign the server's certificate", func(t *testing.T) {
 		cfg := tailerConfig(t, db)
 		cfg.TLS = testenv.NewCA(t).ClientTLS("127.0.0.1")
-		wantTLSError(t, run(t, cfg), "not signed by --mysql-tls-ca")
+		wantTLSError(t, run(t, cfg), "not signed by Config.MySQLTLSCA")
 	})
 	t.Run("the server's CA", func(t *testing.T) {
 		cfg := tailerConfig(t, db)

@@ -93,6 +93,9 @@ func (s *Store) ackTx(ctx context.Context, epoch int64, ids []ordering.Range, mi
 	if len(ids) == 0 && len(failed) == 0 && (final == nil || !final.HasPos && final.Mode == "") {
 		return nil
 	}
+	if len(ids) == 0 && len(failed) == 0 {
+		return s.writeProgress(ctx, epoch, final)
+	}
 	// READ COMMITTED: no gap locks, so acknowledging never waits on a
 	// producer's uncommitted insert next to the acknowledged ids.
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
@@ -126,26 +129,60 @@ func (s *Store) ackTx(ctx context.Context, epoch int64, ids []ordering.Range, mi
 		return ErrFenced
 	}
 	if write {
-		a := final
-		var lastEvent any
-		if !a.LastEventAt.IsZero() {
-			lastEvent = a.LastEventAt.UTC()
-		}
-		p := a.Pos
-		if _, err := tx.ExecContext(ctx, `UPDATE outbox_relay_progress SET
-			flavor = IF(?, ?, flavor), gtid_set = IF(?, ?, gtid_set), binlog_file = IF(?, ?, binlog_file),
-			binlog_pos = IF(?, ?, binlog_pos), mode = COALESCE(?, mode),
-			last_event_at = GREATEST(COALESCE(last_event_at, ?), COALESCE(?, last_event_at))
-			WHERE relay_name = ? AND epoch = ?`,
-			a.HasPos, p.Flavor, a.HasPos, p.GTIDSet, a.HasPos, p.File, a.HasPos, p.Pos, nullIfEmpty(a.Mode),
-			lastEvent, lastEvent, s.cfg.RelayName, epoch); err != nil {
-			return fmt.Errorf("acknowledge: write position %s: %w", p.String(), err)
+		if _, err := s.updateProgress(ctx, tx, epoch, final); err != nil {
+			return err
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("acknowledge %d rows: commit: %w", ordering.Count(ids), err)
 	}
 	return nil
+}
+
+// writeProgress writes a's position and mode, and nothing else, in one
+// statement fenced by the epoch (an idle binlog relay moving its position
+// past other tables' transactions): ErrFenced when the row is at another
+// epoch.
+func (s *Store) writeProgress(ctx context.Context, epoch int64, a *Ack) error {
+	n, err := s.updateProgress(ctx, s.db, epoch, a)
+	if err != nil || n > 0 {
+		return err
+	}
+	// No row changed: a newer epoch, or nothing to change.
+	var current int64
+	if err := s.db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?",
+		s.cfg.RelayName).Scan(&current); err != nil {
+		return fmt.Errorf("acknowledge: read the epoch of relay %q: %w", s.cfg.RelayName, err)
+	}
+	if current != epoch {
+		return ErrFenced
+	}
+	return nil
+}
+
+// updateProgress writes a's position, mode and last_event_at where the epoch
+// is still epoch, and returns how many rows changed.
+func (s *Store) updateProgress(ctx context.Context, db Execer, epoch int64, a *Ack) (int64, error) {
+	var lastEvent any
+	if !a.LastEventAt.IsZero() {
+		lastEvent = a.LastEventAt.UTC()
+	}
+	p := a.Pos
+	res, err := db.ExecContext(ctx, `UPDATE outbox_relay_progress SET
+		flavor = IF(?, ?, flavor), gtid_set = IF(?, ?, gtid_set), binlog_file = IF(?, ?, binlog_file),
+		binlog_pos = IF(?, ?, binlog_pos), mode = COALESCE(?, mode),
+		last_event_at = GREATEST(COALESCE(last_event_at, ?), COALESCE(?, last_event_at))
+		WHERE relay_name = ? AND epoch = ?`,
+		a.HasPos, p.Flavor, a.HasPos, p.GTIDSet, a.HasPos, p.File, a.HasPos, p.Pos, nullIfEmpty(a.Mode),
+		lastEvent, lastEvent, s.cfg.RelayName, epoch)
+	if err != nil {
+		return 0, fmt.Errorf("acknowledge: write position %s: %w", p.String(), err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("acknowledge: write position %s: %w", p.String(), err)
+	}
+	return n, nil
 }
 
 // splitRanges returns the first ranges of rs holding at most limit ids, and

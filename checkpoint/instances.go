@@ -25,7 +25,8 @@ const InstanceRetention = time.Hour
 // existing one (started_at stays the time of the first beat). The heartbeat
 // is UTC_TIMESTAMP(6). In the same call it deletes the relay name's rows
 // whose heartbeat is older than InstanceRetention, processes that died long
-// ago; its own row is fresh by then.
+// ago (its own row is fresh by then), at most once per pruneEvery of this
+// Store, so that a standby's look costs one statement here.
 //
 // Only a standby beats on every look for leadership; a leader beats once
 // when its term starts, as its liveness is leader_heartbeat in the progress
@@ -49,13 +50,26 @@ func (s *Store) BeatInstance(ctx context.Context, role string) error {
 		s.cfg.RelayName, s.cfg.Instance, role, role); err != nil {
 		return fmt.Errorf("record instance %q of relay %q as %s: %w", s.cfg.Instance, s.cfg.RelayName, role, err)
 	}
+	s.mu.Lock()
+	prune := s.pruned.IsZero() || time.Since(s.pruned) >= pruneEvery
+	s.mu.Unlock()
+	if !prune {
+		return nil
+	}
 	if _, err := s.db.ExecContext(ctx, fmt.Sprintf(`DELETE FROM outbox_relay_instances
 		WHERE relay_name = ? AND heartbeat < UTC_TIMESTAMP(6) - INTERVAL %d SECOND`, int64(InstanceRetention/time.Second)),
 		s.cfg.RelayName); err != nil {
 		return fmt.Errorf("delete instances of relay %q without a heartbeat for %v: %w", s.cfg.RelayName, InstanceRetention, err)
 	}
+	s.mu.Lock()
+	s.pruned = time.Now()
+	s.mu.Unlock()
 	return nil
 }
+
+// pruneEvery is how often BeatInstance deletes the rows of processes that
+// died long ago: a tenth of InstanceRetention.
+const pruneEvery = InstanceRetention / 10
 
 // RemoveInstance deletes this process's row of outbox_relay_instances: a
 // clean stop, after which `status` no longer lists it. Deleting a row that
@@ -78,7 +92,7 @@ type InstanceState struct {
 	// clock; never negative.
 	HeartbeatAgeSeconds float64
 	// Alive: the heartbeat is within the lease. A standby beats at least
-	// every lease/4, so one that is not alive has died or hangs. (A
+	// every 4/5 of the lease, so one that is not alive has died or hangs. (A
 	// leader's row is written once per term: judge a leader by the progress
 	// row instead.)
 	Alive bool

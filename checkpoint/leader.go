@@ -56,15 +56,25 @@ func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 // leader can be closed (a proxy's idle timeout, a KILL) while the leader,
 // woken inside its lease, still publishes what it had read.
 //
-// Between heartbeats the lock connection is kept busy in DO SLEEP: a killed
-// or cut connection ends that wait at once, so a lost lock is noticed at once
-// (a silently stalled network at the wait's deadline).
+// The heartbeat is one statement per HeartbeatInterval, on a connection of
+// its own: an UPDATE of leader_heartbeat fenced by the epoch and by the
+// status last read, so that one row changed says the epoch is still ours
+// and the status unchanged (the progress row is read only when it says
+// otherwise). The lock connection meanwhile waits in one long DO SLEEP
+// (LockWatch): a killed or cut connection ends that wait at once, so a lost
+// lock is noticed at once (a silently stalled network when TCP keepalive
+// gives up, or at the wait's deadline). A leader whose lock connection died
+// unnoticed is fenced anyway: the next leader bumps the epoch before it
+// publishes, and this leader's next heartbeat then changes no row.
 type Leader struct {
 	store    *Store
-	conn     *sql.Conn
+	conn     *sql.Conn // holds the lock; waits in DO SLEEP while leading
+	beatConn *sql.Conn // runs the heartbeat
 	connID   int64
 	epoch    int64
+	status   string // the status read with the epoch; the heartbeat's
 	takeover string
+	wake     chan struct{} // the lock connection's wait was interrupted: beat now
 
 	lost       chan struct{}
 	stopCtx    context.Context
@@ -102,16 +112,28 @@ func (s *Store) Led(ctx context.Context) bool {
 // waits, logging it once, until the heartbeat is LeaderLease old. The wait
 // ends early, with an error and leadership given up, when ctx ends or the
 // new leadership is lost.
-func (s *Store) Acquire(ctx context.Context) (*Leader, error) {
-	if err := s.ensureRow(ctx); err != nil {
-		return nil, err
-	}
+func (s *Store) Acquire(ctx context.Context) (*Leader, error) { return s.AcquireWithin(ctx, 0) }
+
+// AcquireWithin is Acquire that, while another instance holds leadership,
+// waits for its lock to be free (a leader that releases, dies or loses its
+// lock connection) and takes leadership then, at once: up to wait, and not
+// past the moment the leader's lease would end without another heartbeat
+// (so a stopped leader is taken over just after its lease, on the next
+// call). A standby looking again and again this way sends one statement
+// per look.
+func (s *Store) AcquireWithin(ctx context.Context, wait time.Duration) (*Leader, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("open leadership connection: %w", err)
 	}
 	l := &Leader{store: s, conn: conn, lost: make(chan struct{}), done: make(chan struct{}), statusChanged: make(chan struct{})}
-	if err := l.lock(ctx); err != nil {
+	err = l.lock(ctx, wait)
+	if errors.Is(err, errNoRow) {
+		if err = s.ensureRow(ctx); err == nil {
+			err = l.lock(ctx, wait)
+		}
+	}
+	if err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -135,10 +157,24 @@ func (s *Store) Acquire(ctx context.Context) (*Leader, error) {
 		conn.Close()
 		return nil, err
 	}
+	if l.beatConn, err = s.db.Conn(ctx); err != nil {
+		_ = l.unlock(ctx)
+		return nil, fmt.Errorf("open the heartbeat connection of relay %q: %w", s.cfg.RelayName, err)
+	}
 	l.stopCtx, l.stop = context.WithCancel(context.Background())
 	l.validUntil = sent.Add(s.validity())
 	l.expiry = time.AfterFunc(s.validity(), func() { l.fail(ErrLeaseExpired) })
-	go l.heartbeat()
+	l.wake = make(chan struct{}, 1)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		l.watch()
+	}()
+	go func() {
+		defer close(l.done)
+		l.heartbeat()
+		<-watchDone
+	}()
 	if prev.wait > 0 {
 		if err := l.waitOut(ctx, prev); err != nil {
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -233,26 +269,37 @@ func (s *Store) ensureRow(ctx context.Context) error {
 // may go on: the lease less a tenth for the rates of two clocks.
 func (s *Store) validity() time.Duration { return s.cfg.LeaderLease - s.cfg.LeaderLease/10 }
 
+// errNoRow is lock's error when the relay has no progress row yet.
+var errNoRow = errors.New("no progress row")
+
 // lock takes the user lock on l.conn, taking over from a leader whose
-// heartbeat is older than the lease.
-func (l *Leader) lock(ctx context.Context) error {
+// heartbeat is older than the lease. While another instance holds the lock
+// it waits for it up to wait, but not past the moment the holder's lease
+// would end without a further heartbeat: one statement reads the leader's
+// row, and tries (or waits for) the lock for that long.
+func (l *Leader) lock(ctx context.Context, wait time.Duration) error {
 	s := l.store
-	if err := l.conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&l.connID); err != nil {
-		return fmt.Errorf("take lock %q: %w", s.lockName(), err)
-	}
-	if ok, err := l.getLock(ctx, 0); err != nil || ok {
-		return err
-	}
 	var (
+		got    sql.NullInt64
 		holder sql.NullInt64
 		leader sql.NullString
 		ageUS  sql.NullInt64
 	)
-	if err := l.conn.QueryRowContext(ctx, `SELECT IS_USED_LOCK(?), leader_instance,
-		TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, NOW(6)) FROM outbox_relay_progress WHERE relay_name = ?`,
-		s.lockName(), s.cfg.RelayName).Scan(&holder, &leader, &ageUS); err != nil {
-		return fmt.Errorf("read the leader of relay %q: %w", s.cfg.RelayName, err)
+	err := l.conn.QueryRowContext(ctx, `SELECT CONNECTION_ID(),
+		GET_LOCK(?, GREATEST(0, LEAST(?, COALESCE((? - TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, NOW(6))) / 1000000 + 0.1, 0)))),
+		IS_USED_LOCK(?), leader_instance, TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, NOW(6))
+		FROM outbox_relay_progress WHERE relay_name = ?`,
+		s.lockName(), wait.Seconds(), s.cfg.LeaderLease.Microseconds(), s.lockName(), s.cfg.RelayName).
+		Scan(&l.connID, &got, &holder, &leader, &ageUS)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return errNoRow
+	case err != nil:
+		return fmt.Errorf("take lock %q: %w", s.lockName(), err)
+	case got.Valid && got.Int64 == 1:
+		return nil
 	}
+	// The heartbeat's age when the statement started, before its wait.
 	age := time.Duration(ageUS.Int64) * time.Microsecond
 	held := &HeldError{Leader: leader.String, Age: age, Lease: s.cfg.LeaderLease}
 	if !holder.Valid {
@@ -351,6 +398,7 @@ func (l *Leader) bumpEpoch(ctx context.Context) error {
 		return fmt.Errorf("read leader epoch of relay %q: %w", s.cfg.RelayName, err)
 	}
 	l.paused = status == StatusPaused
+	l.status = status
 	return nil
 }
 
@@ -431,6 +479,12 @@ func (l *Leader) fail(err error) {
 func (l *Leader) renew(sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.err == nil && !sent.Before(l.validUntil) {
+		// The lease ran out before this beat started (the process was
+		// stopped): a standby may lead already.
+		l.err = ErrLeaseExpired
+		close(l.lost)
+	}
 	if l.err != nil {
 		return
 	}
@@ -438,58 +492,113 @@ func (l *Leader) renew(sent time.Time) {
 	l.expiry.Reset(time.Until(l.validUntil))
 }
 
-// heartbeat proves the lock connection alive and the epoch still ours,
-// renews the lease and reads the status. Between beats it waits in DO SLEEP
-// on the lock connection, so the connection's end is seen at once. A KILL
-// QUERY of a statement on it (Wake, from `pause` and `resume`) makes it
-// beat at once.
+// watch keeps the lock connection busy in DO SLEEP(LockWatch), so that its
+// end (KILL, a cut connection, the server's restart) is noticed at once and
+// ends leadership. A KILL QUERY of the wait (Wake, from `pause` and
+// `resume`) makes the heartbeat beat at once.
+func (l *Leader) watch() {
+	s := l.store
+	wait := s.cfg.LockWatch
+	for {
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(l.stopCtx, wait+2*s.cfg.HeartbeatInterval)
+		_, err := l.conn.ExecContext(ctx, fmt.Sprintf("DO SLEEP(%.3f)", wait.Seconds()))
+		cancel()
+		switch {
+		case l.Err() != nil:
+			return // released, or lost elsewhere
+		case err == nil && time.Since(start) >= wait:
+			// The wait ran its course.
+		case err == nil || isInterrupted(err):
+			// KILL QUERY ends SLEEP early, with or without an error.
+			select {
+			case l.wake <- struct{}{}:
+			default:
+			}
+		case err != nil:
+			l.fail(fmt.Errorf("leadership connection of relay %q: %w", s.cfg.RelayName, err))
+			return
+		}
+	}
+}
+
+// heartbeat renews the lease every HeartbeatInterval, and at once after a
+// wake, with beat.
 func (l *Leader) heartbeat() {
-	defer close(l.done)
 	s := l.store
 	iv := s.cfg.HeartbeatInterval
-	for wait := true; ; {
-		if wait {
-			ctx, cancel := context.WithTimeout(l.stopCtx, 2*iv)
-			_, err := l.conn.ExecContext(ctx, fmt.Sprintf("DO SLEEP(%.3f)", iv.Seconds()))
-			cancel()
-			if l.Err() != nil {
-				return // released, or lost elsewhere
-			}
-			if err != nil && !isInterrupted(err) {
-				l.fail(fmt.Errorf("leadership connection of relay %q: %w", s.cfg.RelayName, err))
-				return
+	stmt, err := l.beatConn.PrepareContext(l.stopCtx, `UPDATE outbox_relay_progress SET leader_heartbeat = NOW(6)
+		WHERE relay_name = ? AND epoch = ? AND status = ?`)
+	if err != nil {
+		if l.Err() == nil {
+			l.fail(fmt.Errorf("leadership heartbeat of relay %q: prepare: %w", s.cfg.RelayName, err))
+		}
+		return
+	}
+	defer stmt.Close()
+	t := time.NewTimer(iv)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stopCtx.Done():
+			return
+		case <-l.lost:
+			return
+		case <-t.C:
+		case <-l.wake:
+			if !t.Stop() {
+				<-t.C
 			}
 		}
+		if err := l.beat(stmt); err != nil {
+			if l.Err() == nil {
+				l.fail(err)
+			}
+			return
+		}
+		t.Reset(iv)
+	}
+}
+
+// beat writes leader_heartbeat in one statement when the epoch is still
+// ours and the status is the one last read, and renews the lease. When the
+// statement changes no row it reads the progress row: a newer epoch is
+// ErrFenced; a changed status is taken (Paused) and the beat repeated.
+func (l *Leader) beat(stmt *sql.Stmt) error {
+	s := l.store
+	iv := s.cfg.HeartbeatInterval
+	for range 3 {
 		sent := time.Now()
 		ctx, cancel := context.WithTimeout(l.stopCtx, 2*iv)
-		var (
-			epoch  int64
-			status string
-		)
-		_, err := l.conn.ExecContext(ctx, `UPDATE outbox_relay_progress SET leader_heartbeat = NOW(6)
-			WHERE relay_name = ? AND epoch = ?`, s.cfg.RelayName, l.epoch)
+		res, err := stmt.ExecContext(ctx, s.cfg.RelayName, l.epoch, l.status)
+		var n int64
 		if err == nil {
-			err = l.conn.QueryRowContext(ctx, "SELECT epoch, status FROM outbox_relay_progress WHERE relay_name = ?",
+			n, err = res.RowsAffected()
+		}
+		if err == nil && n == 0 {
+			var epoch int64
+			var status string
+			err = l.beatConn.QueryRowContext(ctx, "SELECT epoch, status FROM outbox_relay_progress WHERE relay_name = ?",
 				s.cfg.RelayName).Scan(&epoch, &status)
+			if err == nil && epoch != l.epoch {
+				cancel()
+				return ErrFenced
+			}
+			l.status = status
+			l.setPaused(status == StatusPaused)
 		}
 		cancel()
 		switch {
 		case l.Err() != nil:
-			return
-		case isInterrupted(err):
-			wait = false // a wake hit the beat itself: beat again at once
-			continue
+			return nil
 		case err != nil:
-			l.fail(fmt.Errorf("leadership heartbeat of relay %q: %w", s.cfg.RelayName, err))
-			return
-		case epoch != l.epoch:
-			l.fail(ErrFenced)
-			return
+			return fmt.Errorf("leadership heartbeat of relay %q: %w", s.cfg.RelayName, err)
+		case n == 1:
+			l.renew(sent)
+			return nil
 		}
-		wait = true
-		l.renew(sent)
-		l.setPaused(status == StatusPaused)
 	}
+	return fmt.Errorf("leadership heartbeat of relay %q: the status changed at every beat", s.cfg.RelayName)
 }
 
 // isUnknownThread is KILL's error for a connection that is gone already.
@@ -551,6 +660,7 @@ func (l *Leader) stopHeartbeat(ctx context.Context) {
 	cancel()
 	l.stop()
 	<-l.done
+	l.beatConn.Close()
 }
 
 // unlock releases the lock and closes the lock connection. When that

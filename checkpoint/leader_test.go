@@ -149,6 +149,7 @@ func TestConfigLeaderLease(t *testing.T) {
 	}
 	for _, c := range []struct{ hb, want time.Duration }{{0, 10 * time.Second}, {time.Minute, 5 * time.Minute}} {
 		cfg := checkpoint.Config{HeartbeatInterval: c.hb}
+		cfg.SetDefaults()
 		if err := cfg.Validate(); err != nil || cfg.LeaderLease != c.want {
 			t.Errorf("heartbeat %v: lease %v, %v; want %v", c.hb, cfg.LeaderLease, err, c.want)
 		}

@@ -17,14 +17,19 @@ var ErrUnknownRelay = errors.New("no progress row for this relay name")
 // RelayStatus is one progress row as operators see it (`status`,
 // `checkpoint show`). Times are UTC; the zero time means none.
 type RelayStatus struct {
-	RelayName   string
-	Status      string       // ACTIVE, PAUSED or FAILED
-	Paused      *PauseState  // nil unless Status is PAUSED
-	Failed      *FailedState // nil unless Status is FAILED
-	Mode        string       // binlog or poll
-	ModeReason  string
-	Epoch       int64
-	Leader      *LeaderState // nil when the row names no leader (none ever, or a clean stop)
+	RelayName  string
+	Status     string       // ACTIVE, PAUSED or FAILED
+	Paused     *PauseState  // nil unless Status is PAUSED
+	Failed     *FailedState // nil unless Status is FAILED
+	Mode       string       // binlog or poll
+	ModeReason string
+	Epoch      int64
+	Leader     *LeaderState // nil when the row names no leader (none ever, or a clean stop)
+	// Broker is the RabbitMQ node the leader publishes to and whether it
+	// confirms; nil when the row names none (not connected, paused, no
+	// leader). A leader that died keeps its last report: Leader.Alive
+	// tells whether it is current.
+	Broker      *BrokerState
 	Position    position.Position
 	ErrorCount  int64
 	LastError   string
@@ -76,7 +81,8 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 		leader_instance, leader_since, TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, UTC_TIMESTAMP(6)),
 		error_count, last_error, last_event_at, updated_at,
 		paused_at, TIMESTAMPDIFF(MICROSECOND, paused_at, UTC_TIMESTAMP(6)), paused_epoch,
-		failed_at, TIMESTAMPDIFF(MICROSECOND, failed_at, UTC_TIMESTAMP(6)) FROM outbox_relay_progress`
+		failed_at, TIMESTAMPDIFF(MICROSECOND, failed_at, UTC_TIMESTAMP(6)),
+		broker, confirms_stalled_at, TIMESTAMPDIFF(MICROSECOND, confirms_stalled_at, UTC_TIMESTAMP(6)) FROM outbox_relay_progress`
 	var args []any
 	if relayName != "" {
 		q += " WHERE relay_name = ?"
@@ -93,11 +99,13 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 			s                                             RelayStatus
 			flavor, gtid, file, reason, leader, lastError sql.NullString
 			since, lastEvent, updated, pausedAt, failedAt sql.NullString
+			broker, stalledAt                             sql.NullString
 			pos, hbAge, pausedAge, pausedEpoch, failedAge sql.NullInt64
+			stalledAge                                    sql.NullInt64
 		)
 		if err := rows.Scan(&s.RelayName, &flavor, &gtid, &file, &pos, &s.Mode, &reason, &s.Status, &s.Epoch,
 			&leader, &since, &hbAge, &s.ErrorCount, &lastError, &lastEvent, &updated,
-			&pausedAt, &pausedAge, &pausedEpoch, &failedAt, &failedAge); err != nil {
+			&pausedAt, &pausedAge, &pausedEpoch, &failedAt, &failedAge, &broker, &stalledAt, &stalledAge); err != nil {
 			return nil, fmt.Errorf("read progress rows: %w", err)
 		}
 		s.Position = position.Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint32(pos.Int64)}
@@ -109,6 +117,12 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 		}
 		if s.Status == StatusFailed {
 			s.Failed = &FailedState{Since: parseTime(failedAt), Seconds: max(float64(failedAge.Int64)/1e6, 0)}
+		}
+		if broker.Valid {
+			s.Broker = &BrokerState{Node: broker.String}
+			if stalledAt.Valid {
+				s.Broker.Stalled = &StallState{Since: parseTime(stalledAt), Seconds: max(float64(stalledAge.Int64)/1e6, 0)}
+			}
 		}
 		if leader.Valid {
 			age := float64(hbAge.Int64) / 1e6

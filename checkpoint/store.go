@@ -24,56 +24,93 @@ const (
 	Mark   = "mark"
 )
 
+// Defaults of Config, exported so that the CLI's flags declare the same.
+const (
+	DefaultRelayName         = "default"
+	DefaultTable             = "outbox"
+	DefaultOnDelivered       = Delete
+	DefaultHeartbeatInterval = 2 * time.Second
+	// DefaultLeaderLease is the lease of the default heartbeat; an unset
+	// LeaderLease is LeaderLeaseFor(HeartbeatInterval).
+	DefaultLeaderLease = 10 * time.Second
+)
+
+// LeaderLeaseFor is the default lease of a heartbeat interval:
+// DefaultLeaderLease, or 5 heartbeats when that is longer.
+func LeaderLeaseFor(heartbeat time.Duration) time.Duration {
+	return max(DefaultLeaderLease, 5*heartbeat)
+}
+
 // Config says whose progress row this is and how rows are acknowledged.
+// Zero values take the defaults above (SetDefaults).
 type Config struct {
-	RelayName         string        // --relay-name; default "default"
-	Table             string        // the outbox table; default "outbox"
+	RelayName         string        // default DefaultRelayName
+	Table             string        // the outbox table; default DefaultTable
 	OnDelivered       string        // Delete (default) or Mark
 	Instance          string        // leader_instance; default host:pid
-	HeartbeatInterval time.Duration // leadership heartbeat; default 2s
-	LeaderLease       time.Duration // a leader without a heartbeat this long is taken over; default 10s (or 5 heartbeats if longer), at least 3 heartbeats
+	HeartbeatInterval time.Duration // leadership heartbeat; default DefaultHeartbeatInterval
+	LeaderLease       time.Duration // a leader without a heartbeat this long is taken over; default LeaderLeaseFor(HeartbeatInterval), at least 3 heartbeats
 	Logger            *zap.Logger   // where Acquire says it waits out a previous leader's lease; default none
+	// LockWatch is how long each wait of a leader's lock connection lasts
+	// (one DO SLEEP each; its end, a kill or a cut, ends leadership at
+	// once); default DefaultLockWatch.
+	LockWatch time.Duration
 }
+
+// DefaultLockWatch is Config.LockWatch's default: one statement per five
+// minutes on an idle leader's lock connection.
+const DefaultLockWatch = 5 * time.Minute
 
 var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}$`)
 
-// Validate fills defaults and checks the values.
-func (c *Config) Validate() error {
+// SetDefaults fills the zero values of c with the defaults.
+func (c *Config) SetDefaults() {
 	if c.RelayName == "" {
-		c.RelayName = "default"
-	}
-	if len(c.RelayName) > 255 {
-		return fmt.Errorf("relay name is %d bytes long: at most 255", len(c.RelayName))
+		c.RelayName = DefaultRelayName
 	}
 	if c.Table == "" {
-		c.Table = "outbox"
+		c.Table = DefaultTable
 	}
-	if !identRE.MatchString(c.Table) {
-		return fmt.Errorf("table name %q: use letters, digits, _ and $ only (at most 64)", c.Table)
-	}
-	switch c.OnDelivered {
-	case "":
-		c.OnDelivered = Delete
-	case Delete, Mark:
-	default:
-		return fmt.Errorf("on-delivered %q: want %q or %q", c.OnDelivered, Delete, Mark)
+	if c.OnDelivered == "" {
+		c.OnDelivered = DefaultOnDelivered
 	}
 	if c.Instance == "" {
 		host, _ := os.Hostname()
 		c.Instance = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
 	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = 2 * time.Second
+		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if c.LeaderLease <= 0 {
-		c.LeaderLease = max(10*time.Second, 5*c.HeartbeatInterval)
+		c.LeaderLease = LeaderLeaseFor(c.HeartbeatInterval)
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
-	if c.LeaderLease < 3*c.HeartbeatInterval {
-		return fmt.Errorf("leader lease %v is shorter than 3 heartbeat intervals (%v): a leader would lose it between two heartbeats",
-			c.LeaderLease, 3*c.HeartbeatInterval)
+	if c.LockWatch <= 0 {
+		c.LockWatch = DefaultLockWatch
+	}
+}
+
+// Validate checks c with its defaults filled (SetDefaults); it changes
+// nothing. Errors name the Config fields.
+func (c *Config) Validate() error {
+	d := *c
+	d.SetDefaults()
+	if len(d.RelayName) > 255 {
+		return fmt.Errorf("Config.RelayName is %d bytes long: at most 255", len(d.RelayName))
+	}
+	if !identRE.MatchString(d.Table) {
+		return fmt.Errorf("Config.Table %q: use letters, digits, _ and $ only (at most 64)", d.Table)
+	}
+	switch d.OnDelivered {
+	case Delete, Mark:
+	default:
+		return fmt.Errorf("Config.OnDelivered %q: want %q or %q", d.OnDelivered, Delete, Mark)
+	}
+	if d.LeaderLease < 3*d.HeartbeatInterval {
+		return fmt.Errorf("Config.LeaderLease %v is shorter than 3 heartbeat intervals (%v): a leader would lose it between two heartbeats",
+			d.LeaderLease, 3*d.HeartbeatInterval)
 	}
 	return nil
 }
@@ -105,12 +142,14 @@ type Store struct {
 	cfg Config
 
 	mu       sync.Mutex
-	released int64 // the epoch of the last leader of this store that was released: its term is over
+	released int64     // the epoch of the last leader of this store that was released: its term is over
+	pruned   time.Time // when BeatInstance last deleted long-dead instances
 }
 
 // New returns a store over db, which must reach the database holding the
 // outbox and progress tables.
 func New(db *sql.DB, cfg Config) (*Store, error) {
+	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("checkpoint config: %w", err)
 	}

@@ -132,17 +132,10 @@ func (c *Consumer) Stats() Stats {
 // under Run, the broker requeues every unacked delivery, and the inbox
 // skips the ones that had committed when they come again.
 func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel) error {
-	if c.Inbox == nil || c.Queue == "" {
-		return errors.New("dedup: Consumer needs an Inbox and a Queue")
+	prefetch, workers, err := c.settings()
+	if err != nil {
+		return err
 	}
-	if err := checkName("consumer name", c.Inbox.consumer); err != nil {
-		return fmt.Errorf("dedup: %w", err)
-	}
-	if c.Prefetch < 0 || c.Workers < 0 || c.MaxAttempts < 0 {
-		return fmt.Errorf("dedup: consumer %q: Prefetch, Workers and MaxAttempts must not be negative", c.Inbox.consumer)
-	}
-	prefetch := orDefault(c.Prefetch, DefaultPrefetch)
-	workers := orDefault(c.Workers, DefaultWorkers)
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("dedup: consumer %q: set prefetch %d: %w", c.Inbox.consumer, prefetch, err)
 	}
@@ -157,23 +150,53 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel) error {
 	}
 
 	// stop is closed when no delivery may start any more: ctx ended or ch
-	// closed. Work already started finishes on work's own context.
+	// closed. Work already started finishes on its own context.
 	stop := make(chan struct{})
-	work := context.WithoutCancel(ctx)
-	var (
-		wg      sync.WaitGroup
-		errMu   sync.Mutex
-		firstEr error
-	)
-	report := func(err error) {
-		errMu.Lock()
-		defer errMu.Unlock()
-		if firstEr == nil {
-			firstEr = err
+	var errs firstError
+	var wg sync.WaitGroup
+	lanes := c.startWorkers(context.WithoutCancel(ctx), stop, workers, prefetch, &wg, errs.report)
+	runErr := c.dispatch(ctx, closed, deliveries, lanes)
+	close(stop)
+	if runErr == nil {
+		// Stop the broker's deliveries; those already sent to us come out
+		// of deliveries until amqp091 closes it after basic.cancel-ok (or
+		// at once when the channel is gone).
+		if err := ch.Cancel(tag, false); err != nil && !ch.IsClosed() {
+			errs.report(fmt.Errorf("dedup: consumer %q: cancel consumer %q: %w", c.Inbox.consumer, tag, err))
 		}
 	}
-	// Each worker's queue can hold every unacked delivery: the dispatcher
-	// never waits on a busy worker.
+	for d := range deliveries {
+		c.requeue(d, errs.report)
+	}
+	for _, l := range lanes {
+		close(l)
+	}
+	wg.Wait()
+	if runErr != nil {
+		return runErr
+	}
+	return errs.first() // nil on a clean stop; else an ack or nack that failed
+}
+
+// settings checks c and returns its prefetch and workers, defaults filled.
+func (c *Consumer) settings() (prefetch, workers int, err error) {
+	if c.Inbox == nil || c.Queue == "" {
+		return 0, 0, errors.New("dedup: Consumer needs an Inbox and a Queue")
+	}
+	if err := checkName("consumer name", c.Inbox.consumer); err != nil {
+		return 0, 0, fmt.Errorf("dedup: %w", err)
+	}
+	if c.Prefetch < 0 || c.Workers < 0 || c.MaxAttempts < 0 {
+		return 0, 0, fmt.Errorf("dedup: consumer %q: Prefetch, Workers and MaxAttempts must not be negative", c.Inbox.consumer)
+	}
+	return orDefault(c.Prefetch, DefaultPrefetch), orDefault(c.Workers, DefaultWorkers), nil
+}
+
+// startWorkers starts workers goroutines (counted in wg), each handling the
+// deliveries of its lane on work until the lane is closed; once stop is
+// closed, they requeue instead. Each lane can hold every unacked delivery
+// (prefetch): the dispatcher never waits on a busy worker.
+func (c *Consumer) startWorkers(work context.Context, stop <-chan struct{}, workers, prefetch int, wg *sync.WaitGroup, report func(error)) []chan amqp.Delivery {
 	lanes := make([]chan amqp.Delivery, workers)
 	for i := range lanes {
 		lanes[i] = make(chan amqp.Delivery, prefetch)
@@ -188,49 +211,49 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel) error {
 			}
 		})
 	}
+	return lanes
+}
 
+// dispatch hands each delivery to the lane of its partition key until ctx
+// ends (nil) or the channel or the consumer ends (the error says which).
+func (c *Consumer) dispatch(ctx context.Context, closed <-chan *amqp.Error, deliveries <-chan amqp.Delivery, lanes []chan amqp.Delivery) error {
 	next := 0 // the worker for the next delivery without a partition key
-	var runErr error
-dispatch:
 	for {
 		select {
 		case <-ctx.Done():
-			break dispatch
+			return nil
 		case e := <-closed:
 			if e != nil {
-				runErr = fmt.Errorf("dedup: consumer %q: channel closed: %w", c.Inbox.consumer, e)
-			} else {
-				runErr = fmt.Errorf("dedup: consumer %q: channel closed by the application", c.Inbox.consumer)
+				return fmt.Errorf("dedup: consumer %q: channel closed: %w", c.Inbox.consumer, e)
 			}
-			break dispatch
+			return fmt.Errorf("dedup: consumer %q: channel closed by the application", c.Inbox.consumer)
 		case d, ok := <-deliveries:
 			if !ok {
-				runErr = fmt.Errorf("dedup: consumer %q: consuming queue %q ended (channel closed, or the broker cancelled the consumer)", c.Inbox.consumer, c.Queue)
-				break dispatch
+				return fmt.Errorf("dedup: consumer %q: consuming queue %q ended (channel closed, or the broker cancelled the consumer)", c.Inbox.consumer, c.Queue)
 			}
-			lanes[lane(d, workers, &next)] <- d
+			lanes[lane(d, len(lanes), &next)] <- d
 		}
 	}
-	close(stop)
-	if runErr == nil {
-		// Stop the broker's deliveries; those already sent to us come out
-		// of deliveries until amqp091 closes it after basic.cancel-ok (or
-		// at once when the channel is gone).
-		if err := ch.Cancel(tag, false); err != nil && !ch.IsClosed() {
-			report(fmt.Errorf("dedup: consumer %q: cancel consumer %q: %w", c.Inbox.consumer, tag, err))
-		}
+}
+
+// firstError keeps the first error reported from several goroutines.
+type firstError struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (f *firstError) report(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
 	}
-	for d := range deliveries {
-		c.requeue(d, report)
-	}
-	for _, l := range lanes {
-		close(l)
-	}
-	wg.Wait()
-	if runErr != nil {
-		return runErr
-	}
-	return firstEr // nil on a clean stop; else an ack or nack that failed
+}
+
+func (f *firstError) first() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
 }
 
 // lane picks the worker of d: by a hash of its partition key, so one key's

@@ -3,7 +3,9 @@
 // cleanup of delivered rows (--on-delivered=mark) and of old inbox records
 // (message_deduplication), and the daily partitions of an outbox table made
 // with `migrate --partitioned`. The CLI's failed, cleanup, dedup-cleanup
-// and partitions commands, and `run --maintenance-interval`, call it.
+// and partitions commands call the jobs; Round runs the cleanups and the
+// partition upkeep together, as a relay's leader does every
+// `run --maintenance-interval` (relay.Config.Maintenance).
 //
 // Contracts shared by the jobs:
 //
@@ -20,7 +22,9 @@
 //     job stopped half way (context end, error) leaves a consistent table:
 //     run it again to finish.
 //   - Every job that changes data has a dry run that only reads and
-//     reports what it would change.
+//     reports what it would change. Retry and Partitions first compute a
+//     plan without changing anything (what to retry and skip; what to add,
+//     drop and keep), which the dry run reports and the real run applies.
 //   - A failure in outbox_failed is named by its message id (every failure
 //     of that message) or by its row id (that failure alone); the zero
 //     message id, which the inbox stores for message ids that were not

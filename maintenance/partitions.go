@@ -100,87 +100,149 @@ func Partitions(ctx context.Context, db *sql.DB, o PartitionOptions) (rep Partit
 		return rep, fmt.Errorf("partitions of %s: read the current database (is one named in the DSN?): %v", name, err)
 	}
 	if !o.DryRun {
-		lock := PartitionsLockName(schema.String, name)
-		var got sql.NullInt64
-		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", lock).Scan(&got); err != nil {
-			return rep, fmt.Errorf("partitions of %s: take lock %q: %w", name, lock, err)
+		release, got, err := takePartitionsLock(ctx, conn, schema.String, name, wait)
+		if err != nil || !got {
+			return PartitionReport{Skipped: err == nil}, err
 		}
-		if got.Int64 != 1 {
-			rep.Skipped = true
-			return rep, nil
-		}
-		defer releaseLock(ctx, conn, lock)
-		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION lock_wait_timeout = %d", max(1, int(wait.Round(time.Second)/time.Second)))); err != nil {
-			return rep, fmt.Errorf("partitions of %s: set lock_wait_timeout: %w", name, err)
-		}
+		defer release()
 	}
-
-	parts, err := readPartitions(ctx, conn, schema.String, name)
+	plan, err := planPartitions(ctx, conn, schema.String, name, o.Lookahead, o.Retention)
 	if err != nil {
 		return rep, err
 	}
+	if o.DryRun {
+		return plan.preview(ctx, conn, table)
+	}
+	return plan.apply(ctx, conn, table, wait)
+}
+
+// takePartitionsLock takes the partitions lock of schema.table on conn
+// without waiting (got is false when another session holds it) and sets the
+// session's lock_wait_timeout to wait. release gives the lock back.
+func takePartitionsLock(ctx context.Context, conn *sql.Conn, schema, table string, wait time.Duration) (release func(), got bool, err error) {
+	lock := PartitionsLockName(schema, table)
+	var n sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", lock).Scan(&n); err != nil {
+		return nil, false, fmt.Errorf("partitions of %s: take lock %q: %w", table, lock, err)
+	}
+	if n.Int64 != 1 {
+		return nil, false, nil
+	}
+	release = func() { releaseLock(ctx, conn, lock) }
+	if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION lock_wait_timeout = %d", max(1, int(wait.Round(time.Second)/time.Second)))); err != nil {
+		release()
+		return nil, false, fmt.Errorf("partitions of %s: set lock_wait_timeout: %w", table, err)
+	}
+	return release, true, nil
+}
+
+// partitionPlan is what a run of Partitions does, decided from the table's
+// partitions and the server's time without changing anything: the dry run
+// reports it (preview), the real run carries it out (apply).
+type partitionPlan struct {
+	name    string      // the table, unquoted, for messages
+	adds    []partition // daily partitions to create, in order
+	maxName string      // the MAXVALUE partition they are split from; "": ADD PARTITION
+	old     []partition // past the retention: dropped unless they hold a pending row
+}
+
+// planPartitions reads the table's partitions and the server's time and
+// plans the run.
+func planPartitions(ctx context.Context, conn *sql.Conn, schema, name string, lookahead int, retention time.Duration) (partitionPlan, error) {
+	parts, err := readPartitions(ctx, conn, schema, name)
+	if err != nil {
+		return partitionPlan{}, err
+	}
 	var nowText string
 	if err := conn.QueryRowContext(ctx, "SELECT DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%d %H:%i:%s.%f')").Scan(&nowText); err != nil {
-		return rep, fmt.Errorf("partitions of %s: read the server's time: %w", name, err)
+		return partitionPlan{}, fmt.Errorf("partitions of %s: read the server's time: %w", name, err)
 	}
 	now, err := time.ParseInLocation(datetimeLayout, nowText, time.UTC)
 	if err != nil {
-		return rep, fmt.Errorf("partitions of %s: read the server's time %q: %w", name, nowText, err)
+		return partitionPlan{}, fmt.Errorf("partitions of %s: read the server's time %q: %w", name, nowText, err)
 	}
+	p := decidePartitions(parts, now, lookahead, retention)
+	p.name = name
+	return p, nil
+}
 
-	adds, maxName := plannedAdds(parts, now, o.Lookahead)
-	if len(adds) > 0 {
-		if !o.DryRun {
-			if _, err := conn.ExecContext(ctx, addStatement(table, adds, maxName)); err != nil {
-				return rep, fmt.Errorf("partitions of %s: add %s: %w", name, adds[0].name, lockHint(err, wait))
-			}
-		}
-		for _, a := range adds {
-			rep.Added = append(rep.Added, a.name)
+// decidePartitions plans a run on parts at now: the daily partitions to add
+// up to lookahead days after today, and the bounded partitions whose every
+// row is older than retention (none when retention is 0).
+func decidePartitions(parts []partition, now time.Time, lookahead int, retention time.Duration) partitionPlan {
+	var p partitionPlan
+	p.adds, p.maxName = plannedAdds(parts, now, lookahead)
+	if retention == 0 {
+		return p
+	}
+	cutoff := now.Add(-retention)
+	for _, part := range parts {
+		if !part.bound.IsZero() && !part.bound.After(cutoff) {
+			p.old = append(p.old, part)
 		}
 	}
+	return p
+}
 
-	if o.Retention == 0 {
+// added is the names of the partitions p adds.
+func (p partitionPlan) added() []string {
+	var out []string
+	for _, a := range p.adds {
+		out = append(out, a.name)
+	}
+	return out
+}
+
+// preview reports what apply would do, without a lock: the old partitions'
+// pending rows are counted as they are now.
+func (p partitionPlan) preview(ctx context.Context, conn *sql.Conn, table string) (PartitionReport, error) {
+	rep := PartitionReport{Added: p.added()}
+	if len(p.old) == 0 {
 		return rep, nil
 	}
-	cutoff := now.Add(-o.Retention)
-	var old []partition
-	for _, p := range parts {
-		if !p.bound.IsZero() && !p.bound.After(cutoff) {
-			old = append(old, p)
-		}
+	pending, err := countPending(ctx, conn, table, p.old)
+	if err != nil {
+		return rep, fmt.Errorf("partitions of %s: %w", p.name, err)
 	}
-	if len(old) == 0 {
-		return rep, nil
-	}
-	if o.DryRun {
-		rep.Dropped, rep.Kept, err = pendingCheck(ctx, conn, table, old)
-		if err != nil {
-			return rep, fmt.Errorf("partitions of %s: %w", name, err)
+	rep.Dropped, rep.Kept = splitPending(p.old, pending)
+	return rep, nil
+}
+
+// apply carries the plan out: the partitions added, then, under LOCK
+// TABLES ... WRITE, the old partitions' pending rows counted and those
+// without any dropped.
+func (p partitionPlan) apply(ctx context.Context, conn *sql.Conn, table string, wait time.Duration) (rep PartitionReport, err error) {
+	if len(p.adds) > 0 {
+		if _, err := conn.ExecContext(ctx, addStatement(table, p.adds, p.maxName)); err != nil {
+			return rep, fmt.Errorf("partitions of %s: add %s: %w", p.name, p.adds[0].name, lockHint(err, wait))
 		}
+		rep.Added = p.added()
+	}
+	if len(p.old) == 0 {
 		return rep, nil
 	}
 	// LOCK TABLES: no row can land in an old partition between the check
 	// and the drop (a producer that writes created_at itself could put one
 	// there).
 	if _, err := conn.ExecContext(ctx, "LOCK TABLES "+table+" WRITE"); err != nil {
-		return rep, fmt.Errorf("partitions of %s: lock the table to drop old partitions: %w", name, lockHint(err, wait))
+		return rep, fmt.Errorf("partitions of %s: lock the table to drop old partitions: %w", p.name, lockHint(err, wait))
 	}
 	defer func() {
 		if _, uerr := conn.ExecContext(context.WithoutCancel(ctx), "UNLOCK TABLES"); uerr != nil && err == nil {
-			err = fmt.Errorf("partitions of %s: unlock tables: %w", name, uerr)
+			err = fmt.Errorf("partitions of %s: unlock tables: %w", p.name, uerr)
 		}
 	}()
-	drop, kept, err := pendingCheck(ctx, conn, table, old)
+	pending, err := countPending(ctx, conn, table, p.old)
 	if err != nil {
-		return rep, fmt.Errorf("partitions of %s: %w", name, err)
+		return rep, fmt.Errorf("partitions of %s: %w", p.name, err)
 	}
+	drop, kept := splitPending(p.old, pending)
 	rep.Kept = kept
 	if len(drop) == 0 {
 		return rep, nil
 	}
 	if _, err := conn.ExecContext(ctx, "ALTER TABLE "+table+" DROP PARTITION "+strings.Join(drop, ", ")); err != nil {
-		return rep, fmt.Errorf("partitions of %s: drop %s: %w", name, strings.Join(drop, ", "), lockHint(err, wait))
+		return rep, fmt.Errorf("partitions of %s: drop %s: %w", p.name, strings.Join(drop, ", "), lockHint(err, wait))
 	}
 	rep.Dropped = drop
 	return rep, nil
@@ -297,21 +359,31 @@ func addStatement(table string, adds []partition, maxName string) string {
 		", PARTITION " + maxName + " VALUES LESS THAN (MAXVALUE))"
 }
 
-// pendingCheck splits old partitions into those without pending rows (to
-// drop) and those with (kept).
-func pendingCheck(ctx context.Context, conn *sql.Conn, table string, old []partition) (drop []string, kept []Kept, err error) {
+// countPending counts the pending rows (delivered_at IS NULL) of each old
+// partition, by name.
+func countPending(ctx context.Context, conn *sql.Conn, table string, old []partition) (map[string]int64, error) {
+	pending := map[string]int64{}
 	for _, p := range old {
 		var n int64
 		if err := conn.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table+" PARTITION ("+p.name+") WHERE delivered_at IS NULL").Scan(&n); err != nil {
-			return nil, nil, fmt.Errorf("count pending rows in partition %s: %w", p.name, err)
+			return nil, fmt.Errorf("count pending rows in partition %s: %w", p.name, err)
 		}
-		if n > 0 {
+		pending[p.name] = n
+	}
+	return pending, nil
+}
+
+// splitPending splits old partitions into those without pending rows (to
+// drop) and those with (kept), in order.
+func splitPending(old []partition, pending map[string]int64) (drop []string, kept []Kept) {
+	for _, p := range old {
+		if n := pending[p.name]; n > 0 {
 			kept = append(kept, Kept{Name: p.name, Pending: n})
 		} else {
 			drop = append(drop, p.name)
 		}
 	}
-	return drop, kept, nil
+	return drop, kept
 }
 
 // PartitionsLockName is the GET_LOCK name Partitions holds while it works

@@ -84,19 +84,33 @@ type retryPlan struct {
 }
 
 // planRetry reads the failures targets name (locking them when lock) and
-// decides what to retry and what to skip. A retried message without a UUID
-// gets its new UUIDv7 here, unless lock is false (a dry run).
+// decides what to retry and what to skip (decideRetry). A retried message
+// without a UUID gets its new UUIDv7 here, unless lock is false (a dry run).
 func planRetry(ctx context.Context, q queryer, table string, targets []target, lock bool) (retryPlan, error) {
-	var p retryPlan
 	units, skipped, err := readUnits(ctx, q, targets, lock)
 	if err != nil {
-		return p, err
+		return retryPlan{}, err
 	}
-	p.skipped = skipped
 	copies, err := outboxCopies(ctx, q, table, units)
 	if err != nil {
-		return p, fmt.Errorf("look the messages up in %s: %w", table, err)
+		return retryPlan{}, fmt.Errorf("look the messages up in %s: %w", table, err)
 	}
+	p := decideRetry(table, units, copies)
+	p.skipped = append(skipped, p.skipped...)
+	if lock {
+		if err := p.newMessageIDs(); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+// decideRetry plans the retry of units, given the outbox copies of their
+// message ids: a unit whose failures differ, or whose message is still
+// pending in the outbox, is skipped; the others are retried from their
+// newest failure, replacing the copies marked delivered. It reads nothing.
+func decideRetry(table string, units []*retryUnit, copies map[outbox.MessageID][]copyRow) retryPlan {
+	var p retryPlan
 	for _, u := range units {
 		newest := u.rows[len(u.rows)-1]
 		skip := func(reason string) {
@@ -124,12 +138,7 @@ func planRetry(ctx context.Context, q queryer, table string, targets []target, l
 		p.retried = append(p.retried, r)
 		p.templates = append(p.templates, newest)
 	}
-	if lock {
-		if err := p.newMessageIDs(); err != nil {
-			return p, err
-		}
-	}
-	return p, nil
+	return p
 }
 
 // differ says why the failures of u are not copies of one message, or "".

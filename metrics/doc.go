@@ -15,7 +15,7 @@
 //	outbox_relay_pending_rows                         gauge  rows of the outbox table not yet delivered (at most PendingRowsCap)
 //	outbox_relay_inflight_messages                    gauge  messages read and not yet answered by the broker
 //	outbox_relay_inflight_bytes                       gauge  bytes of the rows read and not yet acknowledged in the database
-//	outbox_relay_reconnects_total{target}             counter reconnections to mysql, binlog, amqp
+//	outbox_relay_reconnects_total{target,node}        counter reconnections to mysql, binlog, amqp (node: the broker's host:port)
 //	outbox_relay_failed_messages_total                counter rows moved to outbox_failed
 //	outbox_relay_binlog_retention_headroom_seconds    gauge  lower bound on the time until the stored position may be purged
 //	outbox_relay_paused                               gauge  1 while this instance leads a paused relay and has stopped for it

@@ -31,7 +31,7 @@ const (
 func Listen(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics: listen on %q (--metrics-addr): %w", addr, err)
+		return nil, fmt.Errorf("metrics: listen on %q: %w", addr, err)
 	}
 	return ln, nil
 }
@@ -92,7 +92,8 @@ func ServeListener(ctx context.Context, ln net.Listener, reg prometheus.Gatherer
 //
 //	GET /metrics  the metrics of reg, in the exposition format the scraper asks for
 //	GET /healthz  200 "ok": the process is alive and serving (liveness)
-//	GET /readyz   200 "ready" when ready() returns nil, else 503 with the error's text (readiness)
+//	GET /readyz   200 "ready" when ready() returns nil or a ReadyNote (then "ready: " and the note),
+//	              else 503 with the error's text (readiness)
 //
 // A nil ready means always ready. ready is called on every /readyz request
 // and must return quickly (read state, do no I/O). Other paths are 404.
@@ -112,7 +113,11 @@ func Handler(reg prometheus.Gatherer, ready func() error, log *zap.Logger) http.
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if ready != nil {
-			if err := ready(); err != nil {
+			var note ReadyNote
+			if err := ready(); errors.As(err, &note) {
+				writeText(w, http.StatusOK, "ready: "+string(note))
+				return
+			} else if err != nil {
 				writeText(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
 				return
 			}
@@ -124,6 +129,12 @@ func Handler(reg prometheus.Gatherer, ready func() error, log *zap.Logger) http.
 	})
 	return mux
 }
+
+// ReadyNote, returned by Handler's ready function, means ready, with a
+// note for /readyz's answer (e.g. the broker node in use).
+type ReadyNote string
+
+func (n ReadyNote) Error() string { return string(n) }
 
 func writeText(w http.ResponseWriter, code int, msg string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

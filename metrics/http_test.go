@@ -83,6 +83,13 @@ func TestEndpoints(t *testing.T) {
 	if code, body := get(t, base+"/readyz"); code != 200 || body != "ready\n" {
 		t.Errorf("/readyz ready = %d %q, want 200", code, body)
 	}
+	// A ReadyNote is ready, with the note (the broker node in use).
+	var note error = metrics.ReadyNote("publishing to RabbitMQ node 10.0.0.2:5672")
+	notReady.Store(&note)
+	if code, body := get(t, base+"/readyz"); code != 200 || body != "ready: publishing to RabbitMQ node 10.0.0.2:5672\n" {
+		t.Errorf("/readyz ready with a note = %d %q, want 200 with the note", code, body)
+	}
+	notReady.Store(nil)
 	// /healthz does not depend on readiness.
 	notReady.Store(&starting)
 	if code, _ := get(t, base+"/healthz"); code != 200 {
@@ -97,7 +104,7 @@ func TestEndpoints(t *testing.T) {
 	}
 	for _, want := range []string{
 		"outbox_relay_leader 1",
-		`outbox_relay_reconnects_total{target="amqp"} 1`,
+		`outbox_relay_reconnects_total{node="",target="amqp"} 1`,
 		`outbox_relay_mode{mode="binlog"} 0`,
 		`outbox_relay_delivery_latency_seconds_bucket{le="0.0005"} 0`,
 		"outbox_relay_binlog_retention_headroom_seconds NaN",

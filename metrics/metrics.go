@@ -142,8 +142,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "reconnects_total",
-			Help: "Reconnections after a lost connection, by target (mysql, binlog, amqp).",
-		}, []string{"target"}),
+			Help: "Reconnections after a lost connection, by target (mysql, binlog, amqp) and, for amqp, the broker node dialled (host:port; empty for the others).",
+		}, []string{"target", "node"}),
 		failedMessages: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "failed_messages_total",
 			Help: "Rows moved to outbox_failed (committed). Inspect them with 'outbox-relay failed list'.",
@@ -183,7 +183,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.publishFailures.WithLabelValues(v)
 	}
 	for _, v := range targets() {
-		m.reconnects.WithLabelValues(v)
+		m.reconnects.WithLabelValues(v, "")
 	}
 	m.retentionHeadroom.Set(math.NaN()) // unknown until first computed
 
@@ -353,13 +353,18 @@ func (m *Metrics) SetPendingRows(n int64) {
 
 // Reconnected counts one reconnection to target (one of the Target
 // constants). An unknown target is ignored, so the label stays bounded.
-func (m *Metrics) Reconnected(target string) {
+func (m *Metrics) Reconnected(target string) { m.ReconnectedTo(target, "") }
+
+// ReconnectedTo counts one reconnection (or, for amqp, one dial) to target
+// at node, the host:port of the broker node dialled (the nodes come from
+// --amqp-url, so the label stays bounded). An unknown target is ignored.
+func (m *Metrics) ReconnectedTo(target, node string) {
 	if m == nil {
 		return
 	}
 	for _, v := range targets() {
 		if v == target {
-			m.reconnects.WithLabelValues(target).Inc()
+			m.reconnects.WithLabelValues(target, node).Inc()
 			return
 		}
 	}

@@ -199,16 +199,18 @@ func TestMetricsMove(t *testing.T) {
 		t.Errorf("pending %v", v)
 	}
 
-	m.Reconnected(TargetAMQP)
-	m.Reconnected(TargetAMQP)
+	m.ReconnectedTo(TargetAMQP, "rabbit-1:5672")
+	m.ReconnectedTo(TargetAMQP, "rabbit-1:5672")
+	m.ReconnectedTo(TargetAMQP, "rabbit-2:5672")
 	m.Reconnected(TargetBinlog)
 	m.Reconnected("redis")
-	if a, b, s := value(t, m.reconnects.WithLabelValues("amqp")), value(t, m.reconnects.WithLabelValues("binlog")),
-		value(t, m.reconnects.WithLabelValues("mysql")); a != 2 || b != 1 || s != 0 {
-		t.Errorf("reconnects amqp=%v binlog=%v mysql=%v", a, b, s)
+	if a1, a2, b, s := value(t, m.reconnects.WithLabelValues("amqp", "rabbit-1:5672")), value(t, m.reconnects.WithLabelValues("amqp", "rabbit-2:5672")),
+		value(t, m.reconnects.WithLabelValues("binlog", "")),
+		value(t, m.reconnects.WithLabelValues("mysql", "")); a1 != 2 || a2 != 1 || b != 1 || s != 0 {
+		t.Errorf("reconnects amqp rabbit-1=%v rabbit-2=%v binlog=%v mysql=%v", a1, a2, b, s)
 	}
-	if n := count(t, m.reconnects); n != 3 {
-		t.Errorf("reconnect series %d, want 3", n)
+	if n := count(t, m.reconnects); n != 5 { // the three pre-made ones (node "") and the two nodes
+		t.Errorf("reconnect series %d, want 5", n)
 	}
 
 	if v := value(t, m.retentionHeadroom); !math.IsNaN(v) {

@@ -65,6 +65,9 @@ func plan(table string, partitionedTable bool) []migration {
 		{"0006_pause_and_instances", "0006_pause_and_instances.sql", []string{InstancesTable}},
 		// failed_at on a progress table created before it existed.
 		{"0007_progress_failed_at", "0007_progress_failed_at.sql", nil},
+		// broker and confirms_stalled_at on a progress table created
+		// before they existed.
+		{"0008_progress_broker", "0008_progress_broker.sql", nil},
 	}
 }
 
@@ -82,8 +85,9 @@ func plan(table string, partitionedTable bool) []migration {
 //     missing columns accepted are message_deduplication's consumer (version
 //     0004_dedup_consumer adds it and keys the table by it, keeping its rows)
 //     and outbox_relay_progress's mode_reason (0005_progress_mode_reason),
-//     paused_at and paused_epoch (0006_pause_and_instances), and failed_at
-//     (0007_progress_failed_at).
+//     paused_at and paused_epoch (0006_pause_and_instances), failed_at
+//     (0007_progress_failed_at), and broker and confirms_stalled_at
+//     (0008_progress_broker).
 //   - A version runs when it is not recorded, or when a table it creates no
 //     longer exists. Tables are only ever created (CREATE TABLE IF NOT
 //     EXISTS), never altered destructively or dropped. Two steps follow the
@@ -113,19 +117,49 @@ func Apply(ctx context.Context, db *sql.DB, opts Options) (applied []string, err
 	}
 	defer unlock(ctx, conn)
 
-	var schema sql.NullString
-	if err := conn.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&schema); err != nil {
-		return nil, fmt.Errorf("migrate: read current database: %w", err)
-	}
-	if !schema.Valid || schema.String == "" {
-		return nil, fmt.Errorf("migrate: no database selected: name one in the DSN (user:pass@tcp(host:port)/dbname)")
-	}
-
-	// Existing tables must have the right shape before we add anything.
-	if err := check(ctx, conn, schema.String, table, opts.Partitioned); err != nil {
+	schema, err := currentSchema(ctx, conn)
+	if err != nil {
 		return nil, err
 	}
+	// Existing tables must have the right shape before we add anything.
+	if err := check(ctx, conn, schema, table, opts.Partitioned); err != nil {
+		return nil, err
+	}
+	data := templateData{Table: quoted, Partitions: dailyPartitions(time.Now(), PartitionDays)}
+	applied, err = applyVersions(ctx, conn, schema, table, opts.Partitioned, data)
+	if err != nil {
+		return applied, err
+	}
+	fixed, err := upgradeOutbox(ctx, conn, schema, table, data)
+	applied = append(applied, fixed...)
+	if err != nil {
+		return applied, err
+	}
+	// Verify what we created too: it catches a server that silently
+	// substituted a type (e.g. a JSON column on a server without JSON).
+	if err := check(ctx, conn, schema, table, opts.Partitioned); err != nil {
+		return applied, err
+	}
+	return applied, nil
+}
 
+// currentSchema is the connection's current database; none is an error.
+func currentSchema(ctx context.Context, conn *sql.Conn) (string, error) {
+	var schema sql.NullString
+	if err := conn.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&schema); err != nil {
+		return "", fmt.Errorf("migrate: read current database: %w", err)
+	}
+	if !schema.Valid || schema.String == "" {
+		return "", fmt.Errorf("migrate: no database selected: name one in the DSN (user:pass@tcp(host:port)/dbname)")
+	}
+	return schema.String, nil
+}
+
+// applyVersions runs the versions of the plan that are not recorded, or
+// whose tables no longer all exist, and returns those it ran, in order. An
+// existing outbox table is planned with its actual layout (partitioned or
+// not), so that the recorded versions describe it.
+func applyVersions(ctx context.Context, conn *sql.Conn, schema, table string, wantPartitioned bool, data templateData) (applied []string, err error) {
 	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
 		version    VARCHAR(255) NOT NULL,
 		applied_at DATETIME(6)  NOT NULL,
@@ -137,22 +171,18 @@ func Apply(ctx context.Context, db *sql.DB, opts Options) (applied []string, err
 	if err != nil {
 		return nil, err
 	}
-
-	isPartitioned := opts.Partitioned
-	if existing, err := readColumns(ctx, conn, schema.String, []string{table}); err != nil {
+	isPartitioned := wantPartitioned
+	if existing, err := readColumns(ctx, conn, schema, []string{table}); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	} else if existing[table] != nil {
-		// The table is kept as it is; plan with its actual layout so the
-		// recorded version describes it.
-		if isPartitioned, err = partitioned(ctx, conn, schema.String, table); err != nil {
+		if isPartitioned, err = partitioned(ctx, conn, schema, table); err != nil {
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
 	}
-	data := templateData{Table: quoted, Partitions: dailyPartitions(time.Now(), PartitionDays)}
 	for _, m := range plan(table, isPartitioned) {
 		need := !done[m.version]
 		if !need && len(m.tables) > 0 {
-			present, err := readColumns(ctx, conn, schema.String, m.tables)
+			present, err := readColumns(ctx, conn, schema, m.tables)
 			if err != nil {
 				return applied, fmt.Errorf("migrate: %w", err)
 			}
@@ -166,30 +196,26 @@ func Apply(ctx context.Context, db *sql.DB, opts Options) (applied []string, err
 		}
 		applied = append(applied, m.version)
 	}
+	return applied, nil
+}
 
-	// An outbox created before the poller's indexes existed gets them now.
-	added, err := ensureIndexes(ctx, conn, schema.String, table, quoted)
+// upgradeOutbox brings an outbox created by an earlier version up to date:
+// the poller's indexes added, a created_at default of the session's local
+// time made UTC. It returns the steps it took, as Apply reports them.
+func upgradeOutbox(ctx context.Context, conn *sql.Conn, schema, table string, data templateData) (applied []string, err error) {
+	added, err := ensureIndexes(ctx, conn, schema, table, data.Table)
 	if err != nil {
-		return applied, err
+		return nil, err
 	}
 	if added {
 		applied = append(applied, "0002_outbox_indexes:"+table)
 	}
-
-	// An outbox whose created_at defaults to the session's local time gets
-	// the UTC default.
-	changed, err := ensureUTCDefault(ctx, conn, schema.String, table, data)
+	changed, err := ensureUTCDefault(ctx, conn, schema, table, data)
 	if err != nil {
 		return applied, err
 	}
 	if changed {
 		applied = append(applied, createdAtUTC(table).version)
-	}
-
-	// Verify what we created too: it catches a server that silently
-	// substituted a type (e.g. a JSON column on a server without JSON).
-	if err := check(ctx, conn, schema.String, table, opts.Partitioned); err != nil {
-		return applied, err
 	}
 	return applied, nil
 }

@@ -73,6 +73,41 @@ func TestApplyAddsFailedAt(t *testing.T) {
 	}
 }
 
+// A progress table from before 0008 (no broker, no confirms_stalled_at, a
+// row in it) gets both on the next migrate, NULL, and keeps its row;
+// running migrate again does nothing.
+func TestApplyAddsBroker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := olderSchema(ctx, t,
+		"ALTER TABLE outbox_relay_progress DROP COLUMN confirms_stalled_at, DROP COLUMN broker",
+		"DELETE FROM outbox_relay_migrations WHERE version LIKE '0008%'",
+		"INSERT INTO outbox_relay_progress (relay_name, gtid_set, epoch) VALUES ('r', '0-1-7', 3)",
+	)
+	if err := migrations.Current(ctx, db, ""); err == nil {
+		t.Fatal("Current accepts a progress table without broker")
+	}
+	applied, err := migrations.Apply(ctx, db, migrations.Options{})
+	if want := []string{"0008_progress_broker"}; err != nil || !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, %v; want %v", applied, err, want)
+	}
+	var (
+		gtid    string
+		broker  sql.NullString
+		stalled sql.NullTime
+	)
+	if err := db.QueryRowContext(ctx, "SELECT gtid_set, broker, confirms_stalled_at FROM outbox_relay_progress WHERE relay_name = 'r'").
+		Scan(&gtid, &broker, &stalled); err != nil {
+		t.Fatal(err)
+	}
+	if gtid != "0-1-7" || broker.Valid || stalled.Valid {
+		t.Fatalf("row after migrate: %q %v %v", gtid, broker, stalled)
+	}
+	if applied, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil || len(applied) != 0 {
+		t.Fatalf("second migrate applied %v, %v", applied, err)
+	}
+}
+
 // olderSchema migrates a fresh database, then runs queries on it (which
 // take it back to an earlier shape), and returns it.
 func olderSchema(ctx context.Context, t *testing.T, queries ...string) *sql.DB {

@@ -63,6 +63,8 @@ func shapes(outboxTable string) []shape {
 			{"paused_at", "datetime(6)"},
 			{"paused_epoch", "bigint"},
 			{"failed_at", "datetime(6)"},
+			{"broker", "varchar(255)"},
+			{"confirms_stalled_at", "datetime(6)"},
 			{"epoch", "bigint"},
 			{"leader_instance", "varchar(255)"},
 			{"leader_since", "datetime(6)"},
@@ -117,9 +119,11 @@ func addedLater(table, column string) bool {
 	// 0004_dedup_consumer: the inbox keyed by consumer;
 	// 0005_progress_mode_reason: why the relay is in its mode;
 	// 0006_pause_and_instances: the pause;
-	// 0007_progress_failed_at: when the relay stopped for good.
+	// 0007_progress_failed_at: when the relay stopped for good;
+	// 0008_progress_broker: the RabbitMQ node and stalled confirms.
 	return table == DedupTable && column == "consumer" ||
-		table == ProgressTable && (column == "mode_reason" || column == "paused_at" || column == "paused_epoch" || column == "failed_at")
+		table == ProgressTable && (column == "mode_reason" || column == "paused_at" || column == "paused_epoch" || column == "failed_at" ||
+			column == "broker" || column == "confirms_stalled_at")
 }
 
 // ErrSchemaMismatch is matched (errors.Is) by every [*SchemaError].

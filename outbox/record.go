@@ -60,12 +60,21 @@ type Record struct {
 	GTID string
 }
 
-// Size is the record's approximate memory footprint, used to bound what the
-// relay holds in flight (--max-inflight-bytes).
+// Size is the approximate memory the relay holds for the record while it is
+// in flight, used to bound it (--max-inflight-bytes): its variable-length
+// fields plus RecordOverhead.
 func (r *Record) Size() int {
-	return 160 + len(r.PartitionKey) + len(r.Exchange) + len(r.RoutingKey) +
+	return RecordOverhead + len(r.PartitionKey) + len(r.Exchange) + len(r.RoutingKey) +
 		len(r.MessageType) + len(r.Headers) + len(r.Payload) + len(r.ContentType)
 }
+
+// RecordOverhead is what Size counts for a record beyond its variable-length
+// fields: the record itself and what the relay builds from it while it is
+// in flight (the AMQP message and its headers table, the lane's and the
+// channel's entries, the ticket, the binlog event's share). Measured
+// (docs/benchmarks.md): a 200,000-row transaction of 1 KiB rows held about
+// 3 KB of live heap per row in flight.
+const RecordOverhead = 2048
 
 // Due reports whether the record may be published at now: available_at is
 // NULL or not in the future.

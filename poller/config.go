@@ -40,9 +40,10 @@ type Config struct {
 	// OnDelivered is "delete" (default) or "mark" (--on-delivered); it must
 	// be the Store's, which does the acknowledging.
 	OnDelivered string
-	// Interval (--poll-interval, default 100ms) is how long a worker waits
+	// Interval (--poll-interval, default 100ms) is how long worker 0 waits
 	// before polling again after a round that found nothing pending and
-	// due: an idle worker sends one statement per Interval. A worker whose
+	// due: an idle poller sends one statement per Interval (the other
+	// workers wait until a round finds rows). A worker whose
 	// candidates were all held by the other workers waits until one of them
 	// commits, at most Interval.
 	Interval time.Duration

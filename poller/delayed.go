@@ -22,7 +22,7 @@ type DelayedSweeper struct {
 
 // NewDelayedSweeper returns a sweeper with its own AMQP channel.
 func (p *Poller) NewDelayedSweeper() (*DelayedSweeper, error) {
-	w := &worker{p: p, id: -1, cur: &cursor{}, commits: newCommits(), log: p.log.With(zap.String("worker", "delayed"))}
+	w := &worker{p: p, id: -1, cur: &cursor{}, commits: newCommits(), found: newCommits(), log: p.log.With(zap.String("worker", "delayed"))}
 	ch, err := p.pub.NewChannel(w.onResult)
 	if err != nil {
 		return nil, fmt.Errorf("delayed-row sweeper: %w", err)

@@ -12,10 +12,13 @@
 // A round:
 //
 //  1. Candidates, outside any transaction and without locks: the id of
-//     every partition's head — its oldest pending, due row — and the oldest
-//     pending due rows with an empty partition_key, at most Batch*(Workers+1),
-//     oldest first. When there are none the round ends here: an idle worker
-//     sends this one statement per Config.Interval and nothing else.
+//     the heads — oldest pending, due rows — of the partitions found in key
+//     order from a cursor, among the oldest pending rows, and among the
+//     partitions the previous listing saw, and the oldest pending due rows
+//     with an empty partition_key, at most Batch*(Workers+1), oldest first.
+//     When there are none the round ends here: an idle poller sends this
+//     one statement per Config.Interval (one worker polls; the others wait
+//     until it finds rows) and nothing else.
 //  2. BEGIN a READ COMMITTED transaction (no gap locks, so producers'
 //     inserts never wait for the poller).
 //  3. Claim: lock up to Batch of the candidates that are still pending and
@@ -23,8 +26,11 @@
 //     is skipped, and with it its whole partition: no later row of that
 //     partition was a candidate.
 //  4. Followers: if the batch has room, lock the pending due rows after the
-//     claimed heads in their own partitions (FOR UPDATE SKIP LOCKED), so a
-//     hot partition moves a batch per round, not a row.
+//     claimed heads in their own partitions (FOR UPDATE SKIP LOCKED), at
+//     most an equal share of the room per partition, so a hot partition
+//     moves a batch per round, not a row, and a round's rows spread over
+//     its partitions (their rows reach the broker one confirm after another
+//     per key).
 //  5. Publish the claimed rows in id order on the worker's channel
 //     (publish.FromRecord with the poller's epoch), then Flush: wait until
 //     every message has its Result.

@@ -55,16 +55,16 @@ func TestExplainPlans(t *testing.T) {
 			q := queries{table: "`outbox`", mark: shape.marked}
 			limit := DefaultBatch * (DefaultWorkers + 1)
 
-			cq, _ := q.candidates("", limit, 0)
+			cq, _ := q.candidates("", nil, limit, 0)
 			explain(t, db, "candidates", cq, nil)
 			cands, err := readCandidates(ctx, db, cq)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ids, next := heads(cands, limit)
+			ids, next, _ := heads(cands, limit)
 			t.Logf("%d candidate rows, %d ids to claim, next cursor %q", len(cands), len(ids), next)
 			if next != "" {
-				cq, args := q.candidates(next, limit, 0)
+				cq, args := q.candidates(next, nil, limit, 0)
 				explain(t, db, "candidates from a cursor", cq, args)
 			}
 			explain(t, db, "claim", q.claim(ids[:min(len(ids), maxClaimIDs)], DefaultBatch), nil)

@@ -1,6 +1,7 @@
 package poller
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -214,9 +215,10 @@ func (p *Poller) workers(ctx context.Context, body func(context.Context, *worker
 		firstErr error
 		cur      cursor
 		commits  = newCommits()
+		found    = newCommits()
 	)
 	for i := range p.cfg.Workers {
-		w := &worker{p: p, id: i, cur: &cur, commits: commits, log: p.log.With(zap.Int("worker", i))}
+		w := &worker{p: p, id: i, cur: &cur, commits: commits, found: found, log: p.log.With(zap.Int("worker", i))}
 		ch, err := p.pub.NewChannel(w.onResult)
 		if err != nil {
 			cancel()
@@ -251,6 +253,7 @@ type worker struct {
 	ch      *publish.Channel
 	cur     *cursor  // shared with the call's other workers
 	commits *commits // shared with the call's other workers
+	found   *commits // shared with the call's other workers: closed when a round finds rows
 	log     *zap.Logger
 
 	// Rounds ctx's end rolled back after they had published, and their
@@ -307,9 +310,12 @@ func (w *worker) run(ctx context.Context, stop <-chan struct{}) (int, error) {
 		if idle.Err() != nil {
 			return total, nil
 		}
-		commit := w.commits.next()
-		n, found, err := w.round(ctx, w.cur, 0)
+		commit, found := w.commits.next(), w.found.next()
+		n, ok, err := w.round(ctx, w.cur, 0)
 		total += n
+		if ok {
+			w.found.done()
+		}
 		if ctx.Err() != nil {
 			w.noteCut(err)
 			return total, nil
@@ -325,7 +331,16 @@ func (w *worker) run(ctx context.Context, stop <-chan struct{}) (int, error) {
 			if !backoff.Sleep(idle, wait) {
 				return total, nil
 			}
-		case !found:
+		case !ok && w.id != 0:
+			// Nothing pending: worker 0 alone polls; this one waits
+			// until a round of any worker finds rows.
+			failures = 0
+			select {
+			case <-idle.Done():
+				return total, nil
+			case <-found:
+			}
+		case !ok:
 			failures = 0
 			if !backoff.Sleep(idle, w.p.cfg.Interval) {
 				return total, nil
@@ -390,21 +405,34 @@ func (w *worker) drain(ctx context.Context, stop <-chan struct{}, maxID uint64) 
 // cursor is where the next round's candidate query starts in partition
 // key order; shared by the workers of one Run or Drain, so that with many
 // partitions they look at different ones and all get their turn.
+//
+// It also keeps the partitions the last listing saw, whose heads the next
+// listing looks up directly (query.go, branch 6), unless they were a batch
+// or more: the listing then finds enough partitions without them.
 type cursor struct {
-	mu  sync.Mutex
-	key string
+	mu    sync.Mutex
+	key   string
+	known []string
 }
 
-func (c *cursor) get() string {
+func (c *cursor) get() (key string, known []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.key
+	return c.key, c.known
 }
 
-func (c *cursor) set(key string) {
+func (c *cursor) set(key string, known []string, max int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.key = key
+	if len(known) >= max {
+		// The listing alone finds a batch of partitions: looking up
+		// more would cost the database and add nothing.
+		c.known = nil
+		return
+	}
+	slices.Sort(known)
+	c.known = known
 }
 
 // commits lets the workers of one Run or Drain wait for each other: a
@@ -455,8 +483,8 @@ func (w *worker) candidates(ctx context.Context, cur *cursor, maxID uint64) ([]u
 	p := w.p
 	limit := p.cfg.Batch * (p.cfg.Workers + 1)
 	for {
-		from := cur.get()
-		q, args := p.q.candidates(from, limit, maxID)
+		from, known := cur.get()
+		q, args := p.q.candidates(from, known, limit, maxID)
 		cands, err := readCandidates(ctx, p.db, q, args...)
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1176 {
@@ -466,8 +494,8 @@ func (w *worker) candidates(ctx context.Context, cur *cursor, maxID uint64) ([]u
 		if err != nil {
 			return nil, fmt.Errorf("find pending rows of %s: %w", p.cfg.Table, err)
 		}
-		ids, next := heads(cands, limit)
-		cur.set(next)
+		ids, next, keys := heads(cands, limit)
+		cur.set(next, keys, p.cfg.Batch)
 		if len(ids) > 0 || from == "" {
 			return ids, nil
 		}
@@ -568,9 +596,20 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 	w.commits.done()
 	logFailed(w.log, items)
 	t3 := time.Now()
-	w.log.Debug("poll round committed", zap.Int("rows", len(recs)), zap.Int("failed", len(failed)),
+	w.log.Debug("poll round committed", zap.Int("rows", len(recs)), zap.Int("partitions", partitions(recs)), zap.Int("failed", len(failed)),
 		zap.Duration("claim", t1.Sub(t0)), zap.Duration("publish", t2.Sub(t1)), zap.Duration("ack", t3.Sub(t2)))
 	return len(recs), true, nil
+}
+
+// partitions is how many distinct non-empty partition keys recs have.
+func partitions(recs []*outbox.Record) int {
+	keys := map[string]bool{}
+	for _, r := range recs {
+		if r.PartitionKey != "" {
+			keys[r.PartitionKey] = true
+		}
+	}
+	return len(keys)
 }
 
 // checkLeading asks cfg.Leading, between a round's claim of n rows and its
@@ -629,6 +668,7 @@ func followers(ctx context.Context, tx *sql.Tx, q queries, heads []*outbox.Recor
 		out []*outbox.Record
 		cut = map[string]bool{}
 	)
+	slices.SortFunc(listed, func(a, b candidate) int { return cmp.Compare(a.id, b.id) })
 	for _, c := range listed { // per partition in id order
 		r := byID[c.id]
 		if r == nil || cut[c.key] {

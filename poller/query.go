@@ -84,7 +84,7 @@ type candidate struct {
 
 // candidates returns the statement (and its arguments) that lists the ids
 // a round may claim. It takes no locks, and with an empty cursor it has no
-// placeholders, so an idle round is one COM_QUERY. Four branches:
+// placeholders, so an idle round is one COM_QUERY. Five branches:
 //
 //  1. The first limit pending rows with available_at NULL and
 //     partition_key > cursor, in idx_head order (partition key, then id):
@@ -100,23 +100,49 @@ type candidate struct {
 //     delivered rows follow its pending ones in idx_head, so the listing
 //     would read through every partition's delivered history, which the
 //     loose scan jumps over.
+//
 //  2. For every partition with pending delayed rows that are now due
 //     (read through idx_due; as many as such rows): the smaller of their
 //     MIN(id) and the partition's MIN(id) over pending immediate rows (one
 //     idx_head dive), so such a partition's head is right even when it lies
 //     outside branch 1's key range.
+//
 //  3. and 4. The oldest pending due rows with an empty partition_key, immediate
 //     and delayed, at most limit each.
 //
-// The caller takes each partition's smallest id over branches 1 and 2: its
-// head, the oldest pending due row.
-func (q queries) candidates(cursor string, limit int, maxID uint64) (string, []any) {
+//  5. The oldest limit pending immediate rows with a partition key, in id
+//     order (idx_due, one primary-key lookup each for the key): with
+//     deep partitions branch 1 lists the heads of a few partitions only,
+//     and a round of their rows has one message per key on the wire at
+//     a time; the oldest rows list the head of every partition they hold,
+//     so a round spans as many keys as the backlog interleaves.
+//
+//  6. For each of the known partitions (those the previous listing saw,
+//     when they were fewer than a batch),
+//     its oldest pending immediate row: one idx_head dive each. Branches 1
+//     and 5 find a few new partitions per round when partitions are deep
+//     and written in bulk; the partitions found stay listed while they have
+//     rows, so the rounds span every partition of such a backlog after a
+//     while, not only the few its oldest rows hold.
+//
+// The caller takes each partition's smallest id over branches 1, 2, 5 and
+// 6: its head, the oldest pending due row. (A partition's first row in branch
+// 5 is its oldest pending immediate row: every older one has a smaller id
+// and is listed before it.)
+func (q queries) candidates(cursor string, known []string, limit int, maxID uint64) (string, []any) {
 	l, b, t := strconv.Itoa(limit), bound(maxID), q.table
 	var args []any
 	after := "partition_key <> ''"
 	if cursor != "" {
 		after = "partition_key > ?"
 		args = append(args, cursor)
+	}
+	// Branch 6: the head of each partition an earlier listing saw (one
+	// idx_head dive each).
+	var branch6 strings.Builder
+	for range known {
+		branch6.WriteString(" UNION ALL (SELECT id, partition_key, 6 FROM " + t + " FORCE INDEX (idx_head)" +
+			" WHERE partition_key = ? AND delivered_at IS NULL AND available_at IS NULL" + b + " ORDER BY id LIMIT 1)")
 	}
 	from := " FROM " + t + " FORCE INDEX (idx_head)" +
 		" WHERE " + after + " AND delivered_at IS NULL AND available_at IS NULL" + b
@@ -125,7 +151,18 @@ func (q queries) candidates(cursor string, limit int, maxID uint64) (string, []a
 		branch1 = "(SELECT MIN(id) AS id, partition_key, 1 AS branch" + from +
 			" GROUP BY partition_key ORDER BY partition_key LIMIT " + l + ")"
 	}
+	// Branch 5: the oldest pending immediate rows with a partition key, in
+	// id order (idx_due's entries for delivered_at and available_at NULL
+	// are in id order): a partition's first row here is its head over
+	// immediate rows. Branch 1 lists the heads of the few partitions that
+	// come first in key order when those are deep; this one lists the heads
+	// of as many partitions as the oldest rows hold, so that a round spans
+	// keys whenever the backlog interleaves them.
+	branch5 := "(SELECT id, partition_key, 5 FROM " + t + " FORCE INDEX (idx_due)" +
+		" WHERE delivered_at IS NULL AND available_at IS NULL AND partition_key <> ''" + b +
+		" ORDER BY id LIMIT " + l + ")"
 	return branch1 +
+		" UNION ALL " + branch5 +
 		" UNION ALL " +
 		"(SELECT LEAST(MIN(d.id), COALESCE((SELECT i.id FROM " + t + " i FORCE INDEX (idx_head)" +
 		" WHERE i.partition_key = d.partition_key AND i.delivered_at IS NULL AND i.available_at IS NULL" +
@@ -137,7 +174,14 @@ func (q queries) candidates(cursor string, limit int, maxID uint64) (string, []a
 		" ORDER BY id LIMIT " + l + ")" +
 		" UNION ALL " +
 		"(SELECT id, partition_key, 4 FROM " + t + " WHERE partition_key = '' AND delivered_at IS NULL AND available_at <= UTC_TIMESTAMP(6)" + b +
-		" ORDER BY id LIMIT " + l + ")", args
+		" ORDER BY id LIMIT " + l + ")" + branch6.String(), appendKeys(args, known)
+}
+
+func appendKeys(args []any, keys []string) []any {
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	return args
 }
 
 // heads turns the candidates statement's rows into the ids to claim, oldest
@@ -146,8 +190,8 @@ func (q queries) candidates(cursor string, limit int, maxID uint64) (string, []a
 // next round's branch 1 starts: after the last partition this one listed
 // when branch 1 was cut short by its limit, else from the start. (That
 // partition may have been listed in part; its head was listed, and the
-// round's followers take the rest of it.)
-func heads(cands []candidate, limit int) (ids []uint64, cursor string) {
+// round's followers take the rest of it.) keys are the partitions it lists.
+func heads(cands []candidate, limit int) (ids []uint64, cursor string, keys []string) {
 	head := map[string]uint64{}
 	inBranch1 := 0
 	for _, c := range cands {
@@ -166,11 +210,12 @@ func heads(cands []candidate, limit int) (ids []uint64, cursor string) {
 	if inBranch1 < limit {
 		cursor = ""
 	}
-	for _, id := range head {
+	for k, id := range head {
 		ids = append(ids, id)
+		keys = append(keys, k)
 	}
 	slices.Sort(ids)
-	return ids[:min(len(ids), limit)], cursor
+	return ids[:min(len(ids), limit)], cursor, keys
 }
 
 // claim returns the statement that locks, oldest first and at most limit,
@@ -200,10 +245,12 @@ func (q queries) claim(ids []uint64, limit int) string {
 
 // followers returns the statement (and its arguments) that lists, without
 // locking, the pending due rows after the given heads in their partitions,
-// at most limit, in (partition_key, id) order. That order is
-// idx_partition_id's, so the scan reads no more index entries than it
-// returns (ORDER BY id alone would sort every pending row of the claimed
-// partitions first).
+// at most limit, and at most limit/len(heads) (rounded up) of each
+// partition: one range read of idx_partition_id per partition, in id
+// order, so the scan reads no more index entries than it returns (ORDER BY
+// id over all of them would sort every pending row of the claimed
+// partitions first). The rows of each partition come out in id order,
+// partition after partition.
 //
 // The round then locks the listed ids with claim, by primary key. Locking
 // in this statement instead would be wrong: a locking range scan also locks
@@ -215,16 +262,21 @@ func (q queries) claim(ids []uint64, limit int) string {
 func (q queries) followers(heads []*outbox.Record, limit int, maxID uint64) (string, []any) {
 	var b strings.Builder
 	args := make([]any, 0, 2*len(heads))
-	b.WriteString("SELECT id, partition_key FROM " + q.table + " FORCE INDEX (idx_partition_id) WHERE (")
+	// At most perKey rows of each partition, so that the round's rows
+	// spread over its partitions: a partition's rows go to the broker one
+	// confirm after another, so the round lasts as long as its longest
+	// partition.
+	perKey := strconv.Itoa((limit + len(heads) - 1) / len(heads))
 	for i, h := range heads {
 		if i > 0 {
-			b.WriteString(" OR ")
+			b.WriteString(" UNION ALL ")
 		}
-		b.WriteString("(partition_key = ? AND id > ?)")
+		b.WriteString("(SELECT id, partition_key FROM " + q.table + " FORCE INDEX (idx_partition_id)" +
+			" WHERE partition_key = ? AND id > ? AND delivered_at IS NULL AND " + due + bound(maxID) +
+			" ORDER BY id LIMIT " + perKey + ")")
 		args = append(args, h.PartitionKey, h.ID)
 	}
-	b.WriteString(") AND delivered_at IS NULL AND " + due + bound(maxID) +
-		" ORDER BY partition_key, id LIMIT " + strconv.Itoa(limit))
+	b.WriteString(" LIMIT " + strconv.Itoa(limit))
 	return b.String(), args
 }
 

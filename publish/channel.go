@@ -8,17 +8,20 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 )
 
 // Channel publishes on its own AMQP channel with publisher confirms, in
-// order per partition key, holding at most ConfirmWindow messages without a
-// Result. See the package documentation for the ordering and outcome
-// guarantees.
+// order per partition key, with at most ConfirmWindow messages on the wire
+// and at most MaxHeldBytes held without a delivered Result. See the package
+// documentation for the ordering and outcome guarantees.
 //
 // Publish, Flush and Close are safe for concurrent use. Results go to the
 // onResult callback given to NewChannel, in publish order, from one goroutine
@@ -29,6 +32,7 @@ type Channel struct {
 	p        *Publisher
 	onResult func(Result)
 	window   int
+	maxBytes int64
 	log      *zap.Logger
 	tracer   trace.Tracer // nil: no spans
 	// ctx ends on Close or when the Publisher ends.
@@ -45,14 +49,27 @@ type Channel struct {
 	// keys holds, per non-empty partition key, its unresolved messages in
 	// publish order. Only the first (the key's head) may be on the wire; the
 	// others are parked until the ones before them have their Result.
-	keys      map[string][]*entry
-	sess      *session // current AMQP channel; nil while there is none
-	ready     bool     // sess takes new messages (republish or probe finished)
-	probe     bool     // republish the suspects one at a time to find the message that closed the channel
-	nextSeq   uint64
-	delivered uint64 // seq of the last message whose Result was delivered
-	closed    bool
-	changed   chan struct{} // closed and replaced when anything Publish or Flush wait for changes
+	keys map[string][]*entry
+	// heads counts the unresolved messages that may be on the wire: key
+	// heads and messages without a key, sent or waiting for a session.
+	// The window bounds it; parked messages do not count.
+	heads int
+	// held is the Size of the messages without a delivered Result.
+	held int64
+	sess *session // current AMQP channel; nil while there is none
+	// waitSince is when the Channel began waiting for a confirmation:
+	// the first publish with none outstanding, or the last confirmation
+	// while some stay outstanding; zero while none is (ConfirmWait).
+	waitSince time.Time
+	// nackWarned is when a nack was last logged at WARN; confirm (the
+	// Channel's goroutine) only.
+	nackWarned time.Time
+	ready      bool // sess takes new messages (republish or probe finished)
+	probe      bool // republish the suspects one at a time to find the message that closed the channel
+	nextSeq    uint64
+	delivered  uint64 // seq of the last message whose Result was delivered
+	closed     bool
+	changed    chan struct{} // closed and replaced when anything Publish or Flush wait for changes
 
 	// kick tells the Channel's goroutine that Publish resolved a message
 	// itself (missing exchange), so that it delivers the Result.
@@ -64,13 +81,21 @@ type Channel struct {
 type entry struct {
 	seq      uint64
 	msg      Message
-	attempts int    // publishes the broker nacked
-	tag      uint64 // delivery tag in the current session; 0 when not outstanding
-	dc       *amqp.DeferredConfirmation
-	suspect  bool // unconfirmed when the broker closed the channel over one of several (probe mode)
-	resolved bool
-	res      Result
-	span     trace.Span // the publish span; nil when tracing is off
+	size     int64 // what it counts in held
+	head     bool  // it counts in heads: a key head or without a key, unresolved
+	attempts int   // publishes the broker nacked
+	// firstNack is when the broker first nacked it; retry, while set, is
+	// the timer that publishes it again after a nack (nackBackoff), which
+	// a send for another reason (a new session) makes moot.
+	firstNack   time.Time
+	nackBackoff backoff.Counter
+	retry       *time.Timer
+	tag         uint64 // delivery tag in the current session; 0 when not outstanding
+	dc          *amqp.DeferredConfirmation
+	suspect     bool // unconfirmed when the broker closed the channel over one of several (probe mode)
+	resolved    bool
+	res         Result
+	span        trace.Span // the publish span; nil when tracing is off
 }
 
 // NewChannel opens a Channel. onResult receives every message's Result.
@@ -84,6 +109,7 @@ func (p *Publisher) NewChannel(onResult func(Result)) (*Channel, error) {
 		p:        p,
 		onResult: onResult,
 		window:   p.cfg.ConfirmWindow,
+		maxBytes: p.cfg.MaxHeldBytes,
 		tracer:   p.cfg.Tracer,
 		log:      p.log,
 		ctx:      ctx,
@@ -102,10 +128,11 @@ func (p *Publisher) NewChannel(onResult func(Result)) (*Channel, error) {
 }
 
 // Publish sends m, or parks it while an earlier message of its Key has no
-// Result yet. It waits while the window is full, the broker blocks the
-// connection or there is no open AMQP channel (connection down, republish
-// after a reconnect in progress), and the first time it sees m's exchange it
-// waits for the broker to say whether the exchange exists. It returns
+// Result yet. It waits while the window is full and m would go on the wire,
+// while the messages held would exceed MaxHeldBytes with m, while the broker
+// blocks the connection or there is no open AMQP channel (connection down,
+// republish after a reconnect in progress), and the first time it sees m's
+// exchange it waits for the broker to say whether the exchange exists. It returns
 // ctx.Err() if ctx ends first, ErrClosed once the Channel or Publisher is
 // closed, or a *BadRecordError for a message that cannot be encoded (headers
 // of unsupported types, short strings over 255 bytes). Once Publish returned
@@ -135,7 +162,7 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 			c.pubMu.Unlock()
 			return ErrClosed
 		}
-		if c.ready && !blocked && len(c.queue) < c.window {
+		if c.ready && !blocked && c.roomLocked(&m, missing == nil) {
 			break
 		}
 		changed := c.changed
@@ -150,7 +177,8 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 		c.pubMu.Lock()
 	}
 	c.nextSeq++
-	e := &entry{seq: c.nextSeq, msg: m}
+	e := &entry{seq: c.nextSeq, msg: m, size: messageSize(&m)}
+	c.held += e.size
 	if c.tracer != nil {
 		e.span = c.startSpan(&e.msg)
 	}
@@ -171,6 +199,10 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 		c.keys[m.Key] = append(c.keys[m.Key], e)
 		send = len(c.keys[m.Key]) == 1
 	}
+	if send {
+		e.head = true
+		c.heads++
+	}
 	sess := c.sess
 	c.mu.Unlock()
 	// A failed send leaves e queued without a tag: the session is gone and
@@ -180,6 +212,27 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 	}
 	c.pubMu.Unlock()
 	return nil
+}
+
+// roomLocked reports whether the Channel takes m now: a message that would
+// go on the wire (a key head, or without a key, toWire unless it is to a
+// missing exchange) needs a window slot, and any message needs MaxHeldBytes
+// room, except when nothing is held (a message larger than the bound still
+// passes, alone).
+func (c *Channel) roomLocked(m *Message, toWire bool) bool {
+	if toWire && (m.Key == "" || len(c.keys[m.Key]) == 0) && c.heads >= c.window {
+		return false
+	}
+	return c.held == 0 || c.held+messageSize(m) <= c.maxBytes
+}
+
+// messageSize is what m counts in MaxHeldBytes: its Size, or its body and
+// headers' rough size when the caller left Size 0.
+func messageSize(m *Message) int64 {
+	if m.Size > 0 {
+		return int64(m.Size)
+	}
+	return int64(len(m.Publishing.Body) + len(m.Key) + 160)
 }
 
 // sendLocked publishes e on sess. The caller holds pubMu (not mu) and has
@@ -193,7 +246,14 @@ func (c *Channel) sendLocked(sess *session, e *entry) bool {
 	// A DeferredConfirmation of an earlier session is settled as a nack
 	// when its channel closed; it must not answer for this publish.
 	e.dc = nil
+	if e.retry != nil {
+		e.retry.Stop()
+		e.retry = nil
+	}
 	sess.byTag[tag] = e
+	if c.waitSince.IsZero() {
+		c.waitSince = time.Now()
+	}
 	c.mu.Unlock()
 	m := &e.msg
 	dc, err := sess.ch.PublishWithDeferredConfirm(m.Exchange, m.RoutingKey, true, false, m.Publishing)
@@ -256,6 +316,12 @@ func (c *Channel) Close() error {
 		c.closed = true
 		c.notifyLocked()
 	}
+	for _, e := range c.queue {
+		if e != nil && e.retry != nil {
+			e.retry.Stop()
+			e.retry = nil
+		}
+	}
 	c.mu.Unlock()
 	c.cancel()
 	<-c.done
@@ -293,6 +359,19 @@ func (c *Channel) notifyLocked() {
 func (c *Channel) resolveLocked(e *entry, o Outcome, code int, reason string) (next *entry) {
 	e.resolved = true
 	e.res = Result{Tag: e.msg.Tag, Outcome: o, Code: code, Reason: reason}
+	defer func() {
+		if !e.head {
+			return
+		}
+		e.head = false
+		if next != nil {
+			next.head = true // takes e's window slot
+			return
+		}
+		if c.heads--; c.heads == c.window-1 {
+			c.notifyLocked() // a Publish may wait for the slot
+		}
+	}()
 	k := e.msg.Key
 	// Only a key's head is ever sent, so only a head gets resolved, except
 	// a message to a missing exchange, which never joined its key.
@@ -332,8 +411,8 @@ func (c *Channel) unsentLocked() []*entry {
 
 // deliver calls onResult for the resolved messages at the head of the queue.
 // Only run's goroutine calls it, so Results never overlap or reorder. The
-// entry keeps its window slot until the callback returned, so the window
-// bounds everything the Channel holds.
+// entry counts in MaxHeldBytes until the callback returned, so that bound
+// covers everything the Channel holds.
 func (c *Channel) deliver() {
 	for {
 		c.mu.Lock()
@@ -350,6 +429,7 @@ func (c *Channel) deliver() {
 		c.mu.Lock()
 		c.queue[0] = nil
 		c.queue = c.queue[1:]
+		c.held -= e.size
 		c.delivered = e.seq
 		c.notifyLocked()
 		c.mu.Unlock()

@@ -1,23 +1,21 @@
 package publish
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
-
-	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
 // Defaults applied by Config.Validate.
 const (
 	DefaultConfirmWindow = 256
+	DefaultMaxHeldBytes  = 16 << 20
 	DefaultMaxAttempts   = 5
 	DefaultReconnectMin  = 100 * time.Millisecond
 	DefaultReconnectMax  = 10 * time.Second
+	DefaultNackGiveUp    = 30 * time.Second
 
 	// maxConfirmWindow keeps the per-channel notification buffers (sized to
 	// the window) and the memory a window pins reasonable.
@@ -26,32 +24,54 @@ const (
 
 // Config configures a Publisher.
 type Config struct {
-	// URL is the broker, amqp://user:pass@host:port/vhost (or amqps://).
-	// The password never appears in errors or logs.
+	// URL is the broker, amqp://user:pass@host:port/vhost (or amqps://),
+	// or several brokers separated by commas (the nodes of a cluster; see
+	// SplitURLs): New connects to the first that answers, and after a lost
+	// connection the Publisher dials the next ones in turn. The password
+	// never appears in errors or logs.
 	URL string
 	// Conn holds the TLS files and the password file, read again at every
 	// dial (see ConnOptions).
 	Conn ConnOptions
-	// ConfirmWindow is the most messages a Channel holds without a Result
-	// (published and not confirmed, parked behind an earlier message of
-	// their key, or confirmed and waiting for an earlier message's Result).
-	// Default 256.
+	// ConfirmWindow is the most messages a Channel has on the wire: sent
+	// (or to be sent again after a reconnect) and without a Result. Only
+	// a key's head and messages without a key go on the wire, so messages
+	// parked behind an earlier message of their key, and messages with a
+	// Result waiting for an earlier message's Result, do not count:
+	// MaxHeldBytes bounds them. A Channel thus keeps as many distinct keys
+	// on the wire as its caller offers, up to the window. Default 256.
 	ConfirmWindow int
+	// MaxHeldBytes bounds what a Channel holds without a delivered Result
+	// (on the wire, parked, or waiting for an earlier Result), counting
+	// each message's Size (its body and 160 bytes when Size is 0). A
+	// message larger than the bound is taken when nothing else is held.
+	// Default 16 MiB.
+	MaxHeldBytes int64
 	// MaxAttempts is how many times a message the broker nacks is published
-	// before it is reported Rejected. Default 5.
+	// before it is reported Rejected, provided the broker has been nacking
+	// it for NackGiveUp at least. Default 5.
 	MaxAttempts int
+	// NackGiveUp is the least time from a message's first nack to its
+	// Rejected Result, however many attempts that takes: a quorum queue
+	// nacks every publish while it elects a leader (seconds), and such a
+	// message must not be given up. A nacked message is published again at
+	// once the first time, then after a backoff from ReconnectMin doubling
+	// to ReconnectMax. Default 30s.
+	NackGiveUp time.Duration
 	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
 	// between dial attempts and channel reopens. Defaults 100ms and 10s.
 	ReconnectMin, ReconnectMax time.Duration
 	// Logger receives connection events. Default zap.NewNop().
 	Logger *zap.Logger
 	// OnReconnect, when set, is called after every successful redial (not
-	// the first dial), for a reconnects metric. It must not block.
-	OnReconnect func()
+	// the first dial) with the node connected to (host:port), for a
+	// reconnects metric. It must not block.
+	OnReconnect func(node string)
 	// OnDial, when set, is called after every dial attempt, the first
-	// included, with nil when it connected or else an error naming the
-	// broker (redacted URL) and the cause. It must not block.
-	OnDial func(err error)
+	// included, with the node dialled (host:port) and nil when it connected,
+	// or else an error naming the broker (redacted URL) and the cause. It
+	// must not block.
+	OnDial func(node string, err error)
 	// RetryRefused makes New succeed when the broker refuses the user,
 	// password or vhost (ACCESS_REFUSED, NOT_ALLOWED) or TLS fails (see
 	// IsRefused): the Publisher keeps
@@ -67,17 +87,8 @@ type Config struct {
 // Validate applies the defaults to zero fields and checks the rest. Errors
 // name the URL in redacted form only.
 func (c *Config) Validate() error {
-	if c.URL == "" {
-		return errors.New("publish config: URL is empty")
-	}
-	uri, err := amqp.ParseURI(c.URL)
-	if err != nil {
-		// A parse error quotes the URL, and a piece of the password where
-		// it cut one out: redact.ParseError masks both.
-		return fmt.Errorf("publish config: URL %s: %w", redact.URL(c.URL), redact.ParseError(err, c.URL))
-	}
-	if uri.Port < 1 || uri.Port > 65535 {
-		return fmt.Errorf("publish config: URL %s: port %d out of range", redact.URL(c.URL), uri.Port)
+	if _, err := SplitURLs(c.URL); err != nil {
+		return fmt.Errorf("publish config: %w", err)
 	}
 	if err := c.Conn.Check(c.URL); err != nil {
 		return fmt.Errorf("publish config: %w", err)
@@ -88,11 +99,23 @@ func (c *Config) Validate() error {
 	if c.ConfirmWindow < 1 || c.ConfirmWindow > maxConfirmWindow {
 		return fmt.Errorf("publish config: ConfirmWindow %d out of range 1..%d", c.ConfirmWindow, maxConfirmWindow)
 	}
+	if c.MaxHeldBytes == 0 {
+		c.MaxHeldBytes = DefaultMaxHeldBytes
+	}
+	if c.MaxHeldBytes < 0 {
+		return fmt.Errorf("publish config: MaxHeldBytes %d must be positive", c.MaxHeldBytes)
+	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.MaxAttempts < 1 {
 		return fmt.Errorf("publish config: MaxAttempts %d must be at least 1", c.MaxAttempts)
+	}
+	if c.NackGiveUp == 0 {
+		c.NackGiveUp = DefaultNackGiveUp
+	}
+	if c.NackGiveUp < 0 {
+		return fmt.Errorf("publish config: NackGiveUp %v must not be negative", c.NackGiveUp)
 	}
 	if c.ReconnectMin == 0 {
 		c.ReconnectMin = DefaultReconnectMin

@@ -38,8 +38,8 @@ type ConnOptions struct {
 	// ignored.
 	TLSCert, TLSKey string
 	// PasswordFile (--amqp-password-file) holds the password of the URL's
-	// user, which the URL must then name without a password. One trailing
-	// newline (\n or \r\n) is stripped.
+	// user, which the URL must then name without a password. Trailing line
+	// breaks (\n, \r\n) are stripped.
 	PasswordFile string
 }
 
@@ -106,14 +106,9 @@ func (o ConnOptions) checkURL(raw string) error {
 
 // password reads PasswordFile.
 func (o ConnOptions) password() (string, error) {
-	data, err := os.ReadFile(o.PasswordFile)
+	pw, err := redact.ReadPasswordFile(o.PasswordFile)
 	if err != nil {
-		// The *PathError names the file, and only the file.
-		return "", fmt.Errorf("read --amqp-password-file: %w", err)
-	}
-	pw := strings.TrimSuffix(strings.TrimSuffix(string(data), "\n"), "\r")
-	if pw == "" {
-		return "", fmt.Errorf("--amqp-password-file %s is empty: write the password of the AMQP user into it", o.PasswordFile)
+		return "", fmt.Errorf("--amqp-password-file: %w", err)
 	}
 	return pw, nil
 }

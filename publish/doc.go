@@ -2,7 +2,10 @@
 // returns, reconnects and broker flow control, on top of amqp091-go.
 //
 // A Publisher owns one AMQP connection and redials it with jittered
-// exponential backoff. A Channel (one per ordering lane) owns one AMQP
+// exponential backoff. Config.URL may list a cluster's nodes, separated by
+// commas (SplitURLs): the Publisher connects to the first that answers and,
+// after a lost connection, dials the following ones in turn; Node names
+// the node in use (host:port). A Channel (one per ordering lane) owns one AMQP
 // channel in confirm mode on that connection. The model is the one of a
 // CockroachDB changefeed sink: Publish emits asynchronously, every message
 // later gets exactly one Result through a callback, and Flush returns once
@@ -12,8 +15,8 @@
 //
 //   - Every message for which Publish returned nil gets exactly one Result,
 //     unless the Channel (or its Publisher) is closed first. Messages are
-//     retained until their Result is delivered; the window (ConfirmWindow)
-//     bounds how many are retained.
+//     retained until their Result is delivered; MaxHeldBytes bounds what is
+//     retained, and the window (ConfirmWindow) how many are on the wire.
 //   - Results are delivered in publish order, one at a time, from one
 //     goroutine owned by the Channel. A later message's Result is held back
 //     until every earlier message has its Result, also while an earlier one
@@ -41,18 +44,22 @@
 //     Reason "exchange not found: ...", found before sending or from the
 //     channel exception its publish caused), or another channel exception
 //     the message caused.
-//   - Rejected: the broker nacked the message MaxAttempts times in a row.
+//   - Rejected: the broker nacked the message MaxAttempts times in a row,
+//     over NackGiveUp at least.
 //
 // # Order per key
 //
 // Within a Channel at most one message per non-empty key is on the wire: sent
 // and without a Result. A message whose key already has one is accepted (it
-// takes its window slot, and its Result still comes in publish order) but
-// parked, not sent; messages of other keys pass it on the wire. When the
-// message on the wire gets its Result (confirmed, returned, or rejected after
-// MaxAttempts), the next parked message of its key is sent. Messages with Key
-// "" are never parked. A single hot key therefore moves one message per
-// confirm round trip; many keys still pipeline, up to the window.
+// counts in MaxHeldBytes, not in the window, and its Result still comes in
+// publish order) but parked, not sent; messages of other keys pass it on the
+// wire. When the message on the wire gets its Result (confirmed, returned, or
+// rejected after MaxAttempts), the next parked message of its key takes its
+// window slot and is sent. Messages with Key "" are never parked. The window
+// counts messages on the wire only, so a Channel has as many distinct keys on
+// the wire as its caller offers, up to the window, however many messages of
+// each are parked. A single hot key therefore moves one message per confirm
+// round trip; many keys pipeline, up to the window.
 //
 // Why not pipeline everything and, on a nack, publish the nacked message and
 // everything after it again (go-back-N)? Because the broker does not refuse
@@ -103,9 +110,15 @@
 //
 // # Nacks
 //
-// A nacked message is published again at once on the same channel, still the
-// only one of its key on the wire, up to MaxAttempts publishes, then reported
-// Rejected. Its disposition is read from amqp091's DeferredConfirmation, not
+// A nacked message is published again on the same channel, still the only
+// one of its key on the wire: at once after its first nack, then after a
+// backoff (ReconnectMin doubling to ReconnectMax). It is reported Rejected
+// once it has been nacked MaxAttempts times and NackGiveUp has passed since
+// its first nack: a quorum queue nacks every publish while it elects a
+// leader (about 3 s when the leader's node dies, measured on a three-node
+// cluster), and that must not cost a message. A broker that does not answer
+// at all (a quorum queue without a majority) costs nothing either: the
+// message waits, unconfirmed, and ConfirmWait says for how long. Its disposition is read from amqp091's DeferredConfirmation, not
 // from the NotifyPublish stream: that stream reports a nack as an ack when
 // the broker's nack came before an ack with multiple=true covering the same
 // tag (seen with RabbitMQ 3.10 and x-overflow=reject-publish; amqp091-go

@@ -58,7 +58,7 @@ type Result struct {
 	Code int
 	// Reason is empty for Confirmed; "312 NO_ROUTE" for a basic.return,
 	// "exchange not found: 404 NOT_FOUND - no exchange ..." for a missing
-	// exchange, "nacked N times" for Rejected.
+	// exchange, "nacked N times over D" for Rejected.
 	Reason string
 }
 
@@ -74,8 +74,8 @@ type Message struct {
 	Key string
 	// Tag is the caller's handle, given back in Result.
 	Tag any
-	// Size is the caller's accounting of the message in bytes (optional,
-	// not used by this package).
+	// Size is the caller's accounting of the message in bytes: what it
+	// counts in Config.MaxHeldBytes (optional: 0 counts its body and 160).
 	Size int
 }
 

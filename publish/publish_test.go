@@ -249,7 +249,7 @@ func TestReconnectAfterCut(t *testing.T) {
 	p := newPublisher(t, viaProxy(t, b.URL, proxy.Addr()), func(c *publish.Config) {
 		c.ReconnectMin = 20 * time.Millisecond
 		c.ReconnectMax = 200 * time.Millisecond
-		c.OnReconnect = func() { reconnects.Add(1) }
+		c.OnReconnect = func(string) { reconnects.Add(1) }
 	})
 	cons := consume(t, b.URL, b.Queue)
 
@@ -354,7 +354,9 @@ func TestNewRejectsBadCredentials(t *testing.T) {
 func TestCloseUnblocksPublish(t *testing.T) {
 	checkGoroutines(t)
 	b := testenv.RabbitMQ(t)
-	p := newPublisher(t, b.URL, func(c *publish.Config) { c.ConfirmWindow = 1 })
+	// One message held at a time: the callback holds the first Result,
+	// so the second message waits for MaxHeldBytes room.
+	p := newPublisher(t, b.URL, func(c *publish.Config) { c.MaxHeldBytes = 1 })
 	block := make(chan struct{})
 	c, err := p.NewChannel(func(publish.Result) { <-block })
 	if err != nil {
@@ -371,12 +373,12 @@ func TestCloseUnblocksPublish(t *testing.T) {
 	// machine only makes the check weaker, never wrong.
 	select {
 	case err := <-errc:
-		t.Fatalf("Publish with a full window returned %v", err)
+		t.Fatalf("Publish with MaxHeldBytes spent returned %v", err)
 	case <-time.After(200 * time.Millisecond):
 	}
 	close(block)
 	if err := <-errc; err != nil {
-		t.Fatalf("Publish after the window freed: %v", err)
+		t.Fatalf("Publish after the first Result: %v", err)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -418,7 +420,11 @@ func TestNackedIsRejectedAfterMaxAttempts(t *testing.T) {
 		t.Fatalf("publish filler: %v", err)
 	}
 
-	p := newPublisher(t, b.URL, func(c *publish.Config) { c.MaxAttempts = 3 })
+	const giveUp = 1500 * time.Millisecond
+	p := newPublisher(t, b.URL, func(c *publish.Config) {
+		c.MaxAttempts, c.NackGiveUp = 3, giveUp
+		c.ReconnectMin, c.ReconnectMax = 20*time.Millisecond, 200*time.Millisecond
+	})
 	c, res := newChannel(t, p)
 	nacked := map[any]bool{uint64(3): true, uint64(7): true}
 	var msgs []publish.Message
@@ -429,7 +435,13 @@ func TestNackedIsRejectedAfterMaxAttempts(t *testing.T) {
 		}
 		msgs = append(msgs, message(t, record(id, 0, "", key)))
 	}
+	began := time.Now()
 	publishAll(t, c, msgs)
+	// A broker that nacks for a while (a quorum queue electing a leader)
+	// must not cost the message: it is given up only after NackGiveUp.
+	if took := time.Since(began); took < giveUp {
+		t.Errorf("the nacked messages were given up %v after their publish, before NackGiveUp %v", took, giveUp)
+	}
 	checkResults(t, res.all(), msgs, func(tag any) publish.Outcome {
 		if nacked[tag] {
 			return publish.Rejected
@@ -437,8 +449,48 @@ func TestNackedIsRejectedAfterMaxAttempts(t *testing.T) {
 		return publish.Confirmed
 	})
 	for _, r := range res.all() {
-		if r.Outcome == publish.Rejected && r.Reason != "nacked 3 times" {
-			t.Errorf("rejected %v: reason %q, want \"nacked 3 times\"", r.Tag, r.Reason)
+		if r.Outcome == publish.Rejected && !strings.HasPrefix(r.Reason, "nacked ") {
+			t.Errorf("rejected %v: reason %q, want \"nacked N times over D\"", r.Tag, r.Reason)
 		}
 	}
+}
+
+// Config.URL lists two nodes (two proxies in front of one broker here): the
+// Publisher connects to the first that answers, names it in Node and in
+// OnReconnect, and when that connection is lost and its node refuses, moves
+// to the other node of the list; every message is confirmed and arrives.
+func TestSeveralURLsTriedInTurn(t *testing.T) {
+	checkGoroutines(t)
+	b := testenv.RabbitMQ(t)
+	one := newFaultProxy(t, amqpHostPort(t, b.URL))
+	two := newFaultProxy(t, amqpHostPort(t, b.URL))
+	one.Disable() // the first node does not answer at the start
+	var reconnectedTo atomic.Value
+	p := newPublisher(t, viaProxy(t, b.URL, one.Addr())+", "+viaProxy(t, b.URL, two.Addr()), func(c *publish.Config) {
+		c.ReconnectMin = 20 * time.Millisecond
+		c.ReconnectMax = 200 * time.Millisecond
+		c.OnReconnect = func(node string) { reconnectedTo.Store(node) }
+	})
+	if got := p.Node(); got != two.Addr() {
+		t.Fatalf("connected to %q, want the second node %s (the first refuses)", got, two.Addr())
+	}
+	cons := consume(t, b.URL, b.Queue)
+	c, res := newChannel(t, p)
+	var msgs []publish.Message
+	for i := range 400 {
+		msgs = append(msgs, message(t, record(uint64(i+1), i%10, b.Exchange, "k")))
+	}
+	publishAll(t, c, msgs[:200])
+
+	one.Enable()
+	two.Disable()
+	two.Cut()
+	waitUntil(t, 30*time.Second, "a reconnect to the first node", func() bool { return p.Node() == one.Addr() })
+	if got, _ := reconnectedTo.Load().(string); got != one.Addr() {
+		t.Errorf("OnReconnect named %q, want %s", got, one.Addr())
+	}
+	publishAll(t, c, msgs[200:])
+	checkResults(t, res.all(), msgs, allConfirmed)
+	ds := cons.waitFor(t, 30*time.Second, func(ds []amqp.Delivery) bool { return distinctIDs(ds) >= len(msgs) })
+	checkFirstDeliveryOrder(t, ds)
 }

@@ -23,10 +23,14 @@ var ErrClosed = errors.New("publish: closed")
 const dialTimeout = 10 * time.Second
 
 // Publisher owns one AMQP connection and redials it with jittered backoff
-// while the context given to New lives. Its Channels reopen on every new
+// while the context given to New lives, going through the URLs of
+// Config.URL in turn (one dial per backoff step, starting with the URL after
+// the node whose connection was lost). Its Channels reopen on every new
 // connection. Safe for concurrent use.
 type Publisher struct {
 	cfg    Config
+	urls   []string // Config.URL split; dialled in turn
+	next   int      // index in urls of the next dial; supervisor only (and New before it starts)
 	log    *zap.Logger
 	ctx    context.Context // ends on Close or when New's ctx ends
 	cancel context.CancelFunc
@@ -42,6 +46,7 @@ type Publisher struct {
 
 	mu       sync.Mutex
 	conn     *amqp.Connection // nil while down
+	node     string           // host:port of conn's broker node, "" while down
 	blocked  bool             // connection.blocked in force on conn
 	finished bool             // supervisor gone: no connection ever again
 	changed  chan struct{}    // closed and replaced when conn, blocked or finished change
@@ -59,9 +64,11 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	urls, _ := SplitURLs(cfg.URL) // Validate checked it
 	pctx, cancel := context.WithCancel(ctx)
 	p := &Publisher{
 		cfg:      cfg,
+		urls:     urls,
 		log:      cfg.Logger.With(zap.String("amqp_url", redact.URL(cfg.URL))),
 		ctx:      pctx,
 		cancel:   cancel,
@@ -71,36 +78,53 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 		checks:    make(chan exchangeCheck),
 		exchanges: map[string]struct{}{},
 	}
-	conn, err := p.dial()
-	if err != nil {
-		if IsRefused(err) && !cfg.RetryRefused {
+	// The first URL that answers; the others only when it does not.
+	var conn *amqp.Connection
+	var node string
+	var err, refused error
+	for range p.urls {
+		if conn, node, err = p.dial(); err == nil {
+			break
+		}
+		if IsRefused(err) && refused == nil {
+			refused = err
+		}
+	}
+	if conn == nil {
+		if refused != nil && !cfg.RetryRefused {
 			cancel()
-			return nil, err
+			return nil, refused
 		}
 		p.log.Warn("cannot connect to the AMQP broker, retrying in the background", zap.Error(err))
+	} else {
+		p.log.Info("connected to AMQP broker", zap.String("node", node))
+		p.setConn(conn, node) // Node answers from New's return on
 	}
-	p.noteDial(err)
 	p.wg.Add(2)
-	go p.supervise(conn)
+	go p.supervise(conn, node)
 	go p.checkExchanges()
 	return p, nil
 }
 
-// dial opens a connection with the configured options, reading their files
-// again (a rotated password takes effect here), under a batchConn.
-func (p *Publisher) dial() (*amqp.Connection, error) {
-	return dial(p.ctx, p.cfg.URL, p.cfg.Conn, "outbox-relay publish", func(c net.Conn) net.Conn { return newBatchConn(c) })
-}
-
-func (p *Publisher) noteDial(err error) {
-	if p.cfg.OnDial != nil {
-		p.cfg.OnDial(err)
+// dial opens a connection to p.urls[p.next] with the configured options,
+// reading their files again (a rotated password takes effect here), under a
+// batchConn, and moves p.next on to the following URL, so that the dials
+// go through the URLs in turn. It tells OnDial, and returns the node dialled
+// (host:port).
+func (p *Publisher) dial() (*amqp.Connection, string, error) {
+	i := p.next
+	p.next = (i + 1) % len(p.urls)
+	node := nodeOf(p.urls[i])
+	conn, err := dial(p.ctx, p.urls[i], p.cfg.Conn, "outbox-relay publish", func(c net.Conn) net.Conn { return newBatchConn(c) })
+	if p.cfg.OnDial != nil && p.ctx.Err() == nil {
+		p.cfg.OnDial(node, err)
 	}
+	return conn, node, err
 }
 
 // supervise owns the connection: it watches it, tracks connection.blocked
 // and redials after a loss until p.ctx ends.
-func (p *Publisher) supervise(conn *amqp.Connection) {
+func (p *Publisher) supervise(conn *amqp.Connection, node string) {
 	defer p.wg.Done()
 	defer p.finish()
 	bo := backoff.Counter{Min: p.cfg.ReconnectMin, Max: p.cfg.ReconnectMax}
@@ -111,28 +135,26 @@ func (p *Publisher) supervise(conn *amqp.Connection) {
 				return
 			}
 			var err error
-			conn, err = p.dial()
+			conn, node, err = p.dial()
 			if err != nil {
 				if p.ctx.Err() != nil {
 					return
 				}
 				p.log.Warn("dial AMQP broker", zap.Error(err))
-				p.noteDial(err)
 				continue
 			}
-			p.noteDial(nil)
 			if everConnected {
-				p.log.Info("reconnected to AMQP broker")
+				p.log.Info("reconnected to AMQP broker", zap.String("node", node))
 				if p.cfg.OnReconnect != nil {
-					p.cfg.OnReconnect()
+					p.cfg.OnReconnect(node)
 				}
 			} else {
-				p.log.Info("connected to AMQP broker")
+				p.log.Info("connected to AMQP broker", zap.String("node", node))
 			}
 			everConnected = true
 		}
 		bo.Reset()
-		if !p.watch(conn) {
+		if !p.watch(conn, node) {
 			return
 		}
 		conn = nil
@@ -141,16 +163,16 @@ func (p *Publisher) supervise(conn *amqp.Connection) {
 
 // watch publishes conn to the Channels and returns when it is lost (true) or
 // when p.ctx ended (false; conn is then closed).
-func (p *Publisher) watch(conn *amqp.Connection) bool {
+func (p *Publisher) watch(conn *amqp.Connection, node string) bool {
 	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
 	// amqp091 gives up on a listener that does not take a notification
 	// within 5s; this goroutine always takes them at once.
 	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 8))
-	p.setConn(conn)
+	p.setConn(conn, node)
 	for {
 		select {
 		case <-p.ctx.Done():
-			p.setConn(nil)
+			p.setConn(nil, "")
 			// Bounded: a broker that blocks us may not answer close-ok.
 			_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
 			return false
@@ -166,11 +188,11 @@ func (p *Publisher) watch(conn *amqp.Connection) bool {
 			}
 			p.setBlocked(b.Active)
 		case err := <-closes:
-			p.setConn(nil)
+			p.setConn(nil, "")
 			if err != nil {
-				p.log.Warn("AMQP connection lost", zap.Error(err))
+				p.log.Warn("AMQP connection lost", zap.String("node", node), zap.Error(err))
 			} else {
-				p.log.Warn("AMQP connection closed")
+				p.log.Warn("AMQP connection closed", zap.String("node", node))
 			}
 			if !conn.IsClosed() {
 				_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
@@ -180,10 +202,14 @@ func (p *Publisher) watch(conn *amqp.Connection) bool {
 	}
 }
 
-func (p *Publisher) setConn(conn *amqp.Connection) {
+func (p *Publisher) setConn(conn *amqp.Connection, node string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if conn != nil && conn == p.conn {
+		return // New set it already; a connection.blocked since then holds
+	}
 	p.conn = conn
+	p.node = node
 	// A new connection starts unblocked; the broker says again if not.
 	p.blocked = false
 	p.notifyLocked()
@@ -200,6 +226,7 @@ func (p *Publisher) finish() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.conn = nil
+	p.node = ""
 	p.finished = true
 	p.notifyLocked()
 }
@@ -224,6 +251,39 @@ func (p *Publisher) Blocked() bool {
 func (p *Publisher) Connected() (bool, <-chan struct{}) {
 	conn, _, _, changed := p.state()
 	return conn != nil && !conn.IsClosed(), changed
+}
+
+// Node returns the broker node the Publisher is connected to, as host:port
+// (never with credentials), or "" while it is not connected.
+func (p *Publisher) Node() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.node
+}
+
+// ConfirmWait is how long the Publisher has been waiting for the broker's
+// confirmations: the longest time one of its Channels has had messages on
+// the wire without receiving any confirmation (ack, nack), 0 when none has
+// messages outstanding. A broker that stopped confirming (a quorum queue
+// without a majority of its nodes, a node under heavy load) makes it grow
+// while the connection stays up. No I/O.
+func (p *Publisher) ConfirmWait() time.Duration {
+	p.mu.Lock()
+	chans := make([]*Channel, 0, len(p.channels))
+	for c := range p.channels {
+		chans = append(chans, c)
+	}
+	p.mu.Unlock()
+	var longest time.Duration
+	now := time.Now()
+	for _, c := range chans {
+		c.mu.Lock()
+		if !c.waitSince.IsZero() {
+			longest = max(longest, now.Sub(c.waitSince))
+		}
+		c.mu.Unlock()
+	}
+	return longest
 }
 
 // state returns the current connection (nil while down), whether publishing

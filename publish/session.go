@@ -2,6 +2,7 @@ package publish
 
 import (
 	"fmt"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
@@ -210,6 +211,11 @@ func (c *Channel) confirm(s *session, conf amqp.Confirmation) {
 	}
 	delete(s.byTag, conf.DeliveryTag)
 	e.tag = 0
+	if len(s.byTag) == 0 {
+		c.waitSince = time.Time{}
+	} else {
+		c.waitSince = time.Now()
+	}
 	// amqp091's resequenced stream turns an early nack into an ack when a
 	// later ack with multiple=true covers its tag (it does not remember the
 	// nack, so a message the broker refused would be reported Confirmed).
@@ -238,8 +244,12 @@ func (c *Channel) confirm(s *session, conf amqp.Confirmation) {
 		next = c.resolveLocked(e, Confirmed, 0, "")
 	default:
 		e.attempts++
-		if e.attempts >= c.p.cfg.MaxAttempts {
-			next = c.resolveLocked(e, Rejected, 0, fmt.Sprintf("nacked %d times", e.attempts))
+		if e.attempts == 1 {
+			e.firstNack = time.Now()
+			e.nackBackoff = backoff.Counter{Min: c.p.cfg.ReconnectMin, Max: c.p.cfg.ReconnectMax}
+		}
+		if e.attempts >= c.p.cfg.MaxAttempts && time.Since(e.firstNack) >= c.p.cfg.NackGiveUp {
+			next = c.resolveLocked(e, Rejected, 0, fmt.Sprintf("nacked %d times over %v", e.attempts, time.Since(e.firstNack).Round(time.Millisecond)))
 		} else {
 			retry = true
 		}
@@ -251,21 +261,55 @@ func (c *Channel) confirm(s *session, conf amqp.Confirmation) {
 	case retry:
 		// Still its key's head: the messages of its key after it stay
 		// parked, so it is published again ahead of them.
+		// A quorum queue electing a leader nacks a whole window at once:
+		// one WARN a second per Channel says so, the rest go to DEBUG.
 		log := c.log.Debug
-		if e.attempts == 1 {
-			log = c.log.Warn
+		if now := time.Now(); e.attempts == 1 && now.Sub(c.nackWarned) >= time.Second {
+			log, c.nackWarned = c.log.Warn, now
 		}
-		log("broker nacked a message, publishing it again",
+		log("broker nacked a message, publishing it again (more nacks within a second are logged at DEBUG)",
 			zap.String("message_id", e.msg.Publishing.MessageId), zap.Int("attempt", e.attempts+1))
-		c.pubMu.Lock()
-		c.sendLocked(s, e)
-		c.pubMu.Unlock()
+		if e.attempts == 1 {
+			c.pubMu.Lock()
+			c.sendLocked(s, e)
+			c.pubMu.Unlock()
+		} else {
+			c.retryLater(s, e)
+		}
 	case probe:
 		c.probeNext(s)
 	case next != nil:
 		c.sendNext(s, next)
 	}
 	c.deliver()
+}
+
+// retryLater publishes e, nacked more than once, again on s after its
+// backoff: a broker that nacks everything for a while (a quorum queue
+// electing a leader) is not flooded, and e's attempts are spread over
+// time. e stays its key's head meanwhile. When s ends first, the next
+// session's republish sends e (its tag is 0) and stops the timer.
+func (c *Channel) retryLater(s *session, e *entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.retry != nil {
+		e.retry.Stop()
+	}
+	var tm *time.Timer
+	tm = time.AfterFunc(e.nackBackoff.Next(), func() {
+		c.pubMu.Lock()
+		defer c.pubMu.Unlock()
+		c.mu.Lock()
+		ok := e.retry == tm && !c.closed && c.sess == s && c.ready && !e.resolved && e.tag == 0
+		if e.retry == tm {
+			e.retry = nil
+		}
+		c.mu.Unlock()
+		if ok {
+			c.sendLocked(s, e)
+		}
+	})
+	e.retry = tm
 }
 
 // sendNext sends e, which just became its key's head, when s is current and
@@ -346,6 +390,7 @@ func (c *Channel) end(s *session, cerr *amqp.Error) (progress bool) {
 		e.tag = 0
 	}
 	clear(s.byTag)
+	c.waitSince = time.Time{} // republished on the next session
 	if c.sess == s {
 		c.sess = nil
 		c.ready = false

@@ -21,7 +21,7 @@ type dialLog struct {
 	errs []error // nil for a dial that connected
 }
 
-func (l *dialLog) note(err error) { l.mu.Lock(); l.errs = append(l.errs, err); l.mu.Unlock() }
+func (l *dialLog) note(_ string, err error) { l.mu.Lock(); l.errs = append(l.errs, err); l.mu.Unlock() }
 
 // last returns the outcome of the newest dial and how many there were.
 func (l *dialLog) last() (error, int) {

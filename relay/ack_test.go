@@ -222,11 +222,11 @@ func TestRelayStopsReadingWhileAcknowledgementsFail(t *testing.T) {
 	produce(ctx, t, db, b, v, load{producers: 4, partitions: 40, total: rows, bigTxn: 200, bigShare: 0.5})
 
 	// The budget fills: every row read has its outcome and has arrived, and
-	// what is held leaves no room for another row (rows here are well under
-	// 1 KiB). The pipeline's gauges are refreshed at each acknowledgement
+	// what is held leaves no room for another row (rows here count well
+	// under 4 KiB). The pipeline's gauges are refreshed at each acknowledgement
 	// attempt; published_total counts every row read (each is confirmed),
 	// the 100 of the first load included.
-	const slack = 1 << 10
+	const slack = 4 << 10 // a row here counts about 2.5 KiB (outbox.RecordOverhead)
 	check := func() (msgs, bytes, read float64) {
 		t.Helper()
 		msgs = metricValue(t, reg, "outbox_relay_inflight_messages")

@@ -14,6 +14,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/position"
 )
 
+// headroomEvery is how often the leader computes
+// outbox_relay_binlog_retention_headroom_seconds (three statements): binlog
+// retention is hours or days, so the figure moves slowly.
+const headroomEvery = 10 * time.Minute
+
 // ackGap is the least time between two acknowledgements while rows keep
 // arriving (the first after a quiet spell goes at once).
 const ackGap = 50 * time.Millisecond
@@ -139,7 +144,7 @@ func (p *pipeline) observe(ctx context.Context) {
 		return
 	}
 	m.SetInflight(msgs, bytes)
-	if file != "" && time.Since(p.lastHeadroom) >= time.Minute {
+	if file != "" && time.Since(p.lastHeadroom) >= headroomEvery {
 		p.lastHeadroom = time.Now()
 		if _, err := m.UpdateRetentionHeadroom(ctx, p.r.db, file, lastEvent); err != nil {
 			p.r.log.Debug("binlog retention headroom not computed", zap.Error(err))

@@ -11,16 +11,46 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
-// Config is the relay's configuration; zero values take the defaults below.
+// Defaults of Config: zero values take them (SetDefaults), and the CLI's
+// flags declare them as their defaults.
+const (
+	DefaultTable               = outbox.DefaultTable
+	DefaultRelayName           = checkpoint.DefaultRelayName
+	DefaultOnDelivered         = checkpoint.DefaultOnDelivered
+	DefaultMode                = ModeAuto
+	DefaultFallbackAfter       = 30 * time.Second
+	DefaultBinlogRetryInterval = 30 * time.Second
+	DefaultPollInterval        = poller.DefaultInterval
+	DefaultPollBatch           = poller.DefaultBatch
+	DefaultPollWorkers         = poller.DefaultWorkers
+	DefaultMaxInflightBytes    = 16 << 20
+	// DefaultLanes: few channels, since each AMQP channel is a process in
+	// the broker, which pays for every extra one per message
+	// (docs/benchmarks.md has the figures). Raise it when the broker is far:
+	// a lane carries at most ConfirmWindow messages per round trip.
+	DefaultLanes               = 2
+	DefaultConfirmWindow       = publish.DefaultConfirmWindow
+	DefaultMaxAttempts         = publish.DefaultMaxAttempts
+	DefaultHeartbeatInterval   = checkpoint.DefaultHeartbeatInterval
+	DefaultLeaderLease         = checkpoint.DefaultLeaderLease // with the default heartbeat; see checkpoint.LeaderLeaseFor
+	DefaultCheckpointInterval  = 5 * time.Minute
+	DefaultShutdownTimeout     = 30 * time.Second
+	DefaultMaintenanceInterval = time.Hour
+)
+
+// Config is the relay's configuration; zero values take the defaults above
+// (SetDefaults). Errors about it name its fields (Config.LeaderLease).
 type Config struct {
-	MySQLDSN        string // go-sql-driver form user:pass@tcp(host:port)/db
-	AMQPURL         string
+	MySQLDSN        string              // go-sql-driver form user:pass@tcp(host:port)/db
+	AMQPURL         string              // one URL, or several separated by commas (a cluster's nodes; publish.SplitURLs)
 	AMQPOptions     publish.ConnOptions // TLS files and password file for AMQPURL, read at every dial
-	Table           string              // default "outbox"
-	RelayName       string              // default "default"
+	Table           string              // default DefaultTable
+	RelayName       string              // default DefaultRelayName
 	ServerID        uint32              // our replica server id; default 7_364_000 + a value derived from the relay name
 	DefaultExchange string              // exchange for rows whose exchange is ''
 	OnDelivered     string              // checkpoint.Delete (default) or checkpoint.Mark
@@ -41,17 +71,17 @@ type Config struct {
 	BinlogRetryInterval time.Duration // auto, polling: how often the binlog is probed again; default 30s
 	PollInterval        time.Duration // poll: an idle worker's wait between rounds; default 100ms
 	PollBatch           int           // poll: rows a worker claims per transaction; default 500
-	PollWorkers         int           // poll: workers; default poller.DefaultWorkers (2)
+	PollWorkers         int           // poll: workers; default 2
 
-	MaxInflightBytes int64 // default 64 MiB
+	MaxInflightBytes int64 // default 16 MiB
 	Lanes            int   // publishing lanes (AMQP channels); default 2
-	ConfirmWindow    int   // unconfirmed messages per lane; default 256
+	ConfirmWindow    int   // messages on the wire per lane (parked ones count in MaxInflightBytes only); default 256
 	MaxAttempts      int   // broker nacks before a message goes to outbox_failed; default 5
 
 	HeartbeatInterval  time.Duration // leadership heartbeat; default 2s
-	LeaderLease        time.Duration // a leader without a heartbeat this long is taken over by a standby; default 10s (or 5 heartbeats if longer), at least 3 heartbeats
-	CheckpointInterval time.Duration // how often an idle relay moves its position past foreign transactions; default 30s
-	StandbyRetry       time.Duration // how often a standby tries to take leadership; default 5s
+	LeaderLease        time.Duration // a leader without a heartbeat this long is taken over by a standby; default checkpoint.LeaderLeaseFor(HeartbeatInterval): 10s, or 5 heartbeats if longer; at least 3 heartbeats
+	CheckpointInterval time.Duration // how often an idle relay moves its position past foreign transactions (its own heartbeats among them); default 5m
+	StandbyRetry       time.Duration // the longest a standby waits for the leader's lock in one look (a freed lock is taken at once); default 4/5 of the lease, at most 4/5 of it
 	ShutdownTimeout    time.Duration // how long a stop (shutdown, pause) waits for the work under way; default 30s
 
 	Instance string // leader_instance; default host:pid
@@ -91,75 +121,82 @@ type ConfigError struct{ Err error }
 func (e *ConfigError) Error() string { return e.Err.Error() }
 func (e *ConfigError) Unwrap() error { return e.Err }
 
-// Validate fills defaults and checks values; errors are *ConfigError.
-func (c *Config) Validate() error {
-	bad := func(format string, a ...any) error { return &ConfigError{fmt.Errorf(format, a...)} }
-	if c.MySQLDSN == "" {
-		return bad("mysql-dsn is empty: set --mysql-dsn user:pass@tcp(host:3306)/db")
+// SetDefaults fills the zero values of c with the defaults.
+func (c *Config) SetDefaults() {
+	setDefault(&c.Table, DefaultTable)
+	setDefault(&c.RelayName, DefaultRelayName)
+	if c.ServerID == 0 {
+		c.ServerID = defaultServerID(c.RelayName)
 	}
-	target, err := mysqlconn.New(c.mysqlOptions())
+	setDefault(&c.OnDelivered, DefaultOnDelivered)
+	setDefault(&c.Mode, DefaultMode)
+	setDefault(&c.FallbackAfter, DefaultFallbackAfter)
+	setDefault(&c.BinlogRetryInterval, DefaultBinlogRetryInterval)
+	setDefault(&c.PollInterval, DefaultPollInterval)
+	setDefault(&c.PollBatch, DefaultPollBatch)
+	setDefault(&c.PollWorkers, DefaultPollWorkers)
+	setDefault(&c.MaxInflightBytes, DefaultMaxInflightBytes)
+	setDefault(&c.Lanes, DefaultLanes)
+	setDefault(&c.ConfirmWindow, DefaultConfirmWindow)
+	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	setDefault(&c.CheckpointInterval, DefaultCheckpointInterval)
+	setDefault(&c.LeaderLease, checkpoint.LeaderLeaseFor(c.HeartbeatInterval))
+	// A standby waits for the lock, so a freed lock is taken at once, and
+	// looks again just after a stopped leader's lease would end; between
+	// looks it records itself in outbox_relay_instances, which must stay
+	// inside the lease for status to show it alive.
+	setDefault(&c.StandbyRetry, c.LeaderLease*4/5)
+	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	setDefault(&c.MaintenanceInterval, DefaultMaintenanceInterval)
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+}
+
+// Validate checks c with its defaults filled (SetDefaults); it changes
+// nothing. Errors are *ConfigError and name the Config fields.
+func (c *Config) Validate() error {
+	d := *c
+	d.SetDefaults()
+	bad := func(format string, a ...any) error { return &ConfigError{fmt.Errorf(format, a...)} }
+	if d.MySQLDSN == "" {
+		return bad("Config.MySQLDSN is empty: set it to user:pass@tcp(host:3306)/db")
+	}
+	target, err := mysqlconn.New(d.mysqlOptions())
 	if err != nil {
 		return bad("%w", err)
 	}
 	if target.DBName() == "" {
-		return bad("mysql-dsn names no database: add it after the slash, e.g. user:pass@tcp(host:3306)/app")
+		return bad("Config.MySQLDSN names no database: add it after the slash, e.g. user:pass@tcp(host:3306)/app")
 	}
-	if c.AMQPURL == "" {
-		return bad("amqp-url is empty: set --amqp-url amqp://user:pass@host:5672/")
+	if d.AMQPURL == "" {
+		return bad("Config.AMQPURL is empty: set it to amqp://user:pass@host:5672/")
 	}
-	if err := c.AMQPOptions.Check(c.AMQPURL); err != nil {
+	if _, err := publish.SplitURLs(d.AMQPURL); err != nil {
 		return bad("%w", err)
 	}
-	if c.Table == "" {
-		c.Table = "outbox"
+	if err := d.AMQPOptions.Check(d.AMQPURL); err != nil {
+		return bad("%w", err)
 	}
-	if c.RelayName == "" {
-		c.RelayName = "default"
-	}
-	if c.ServerID == 0 {
-		c.ServerID = defaultServerID(c.RelayName)
-	}
-	switch c.OnDelivered {
-	case "":
-		c.OnDelivered = checkpoint.Delete
+	switch d.OnDelivered {
 	case checkpoint.Delete, checkpoint.Mark:
 	default:
-		return bad("on-delivered %q: want %q or %q", c.OnDelivered, checkpoint.Delete, checkpoint.Mark)
+		return bad("Config.OnDelivered %q: want %q or %q", d.OnDelivered, checkpoint.Delete, checkpoint.Mark)
 	}
-	switch c.Mode {
-	case "":
-		c.Mode = ModeAuto
+	switch d.Mode {
 	case ModeAuto, ModeBinlog, ModePoll:
 	default:
-		return bad("mode %q: want %s, %s or %s", c.Mode, ModeAuto, ModeBinlog, ModePoll)
+		return bad("Config.Mode %q: want %s, %s or %s", d.Mode, ModeAuto, ModeBinlog, ModePoll)
 	}
-	setDefault(&c.FallbackAfter, 30*time.Second)
-	setDefault(&c.BinlogRetryInterval, 30*time.Second)
-	setDefault(&c.MaxInflightBytes, 64<<20)
-	// Few channels: each AMQP channel is a process in the broker, which
-	// pays for every extra one per message (docs/benchmarks.md has the
-	// figures). Raise it when the broker is far: a lane carries at most
-	// --confirm-window messages per round trip.
-	setDefault(&c.Lanes, 2)
-	setDefault(&c.ConfirmWindow, 256)
-	setDefault(&c.MaxAttempts, 5)
-	setDefault(&c.HeartbeatInterval, 2*time.Second)
-	setDefault(&c.CheckpointInterval, 30*time.Second)
-	setDefault(&c.LeaderLease, max(10*time.Second, 5*c.HeartbeatInterval))
-	if c.LeaderLease < 3*c.HeartbeatInterval {
-		return bad("leader-lease %v: at least 3 heartbeat intervals (%v), or a leader loses it between two heartbeats", c.LeaderLease, 3*c.HeartbeatInterval)
+	if d.LeaderLease < 3*d.HeartbeatInterval {
+		return bad("Config.LeaderLease %v: at least 3 heartbeat intervals (%v), or a leader loses it between two heartbeats", d.LeaderLease, 3*d.HeartbeatInterval)
 	}
-	// A standby looks often enough to take over soon after the lease ends.
-	setDefault(&c.StandbyRetry, min(5*time.Second, c.LeaderLease/4))
-	setDefault(&c.ShutdownTimeout, 30*time.Second)
-	if c.MaxInflightBytes < 1<<20 {
-		return bad("max-inflight-bytes %d is below 1 MiB", c.MaxInflightBytes)
+	if d.MaxInflightBytes < 1<<20 {
+		return bad("Config.MaxInflightBytes %d is below 1 MiB", d.MaxInflightBytes)
 	}
-	if c.Lanes > 1024 {
-		return bad("lanes %d: at most 1024 (each is an AMQP channel)", c.Lanes)
-	}
-	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+	if d.Lanes > 1024 {
+		return bad("Config.Lanes %d: at most 1024 (each is an AMQP channel)", d.Lanes)
 	}
 	return nil
 }
@@ -170,8 +207,10 @@ func (c *Config) mysqlOptions() mysqlconn.Options {
 		PasswordFile: c.MySQLPasswordFile}
 }
 
-func setDefault[T int | int64 | time.Duration](v *T, d T) {
-	if *v <= 0 {
+// setDefault sets *v to d when it is zero (or, for numbers, negative).
+func setDefault[T int | int64 | time.Duration | string](v *T, d T) {
+	var zero T
+	if *v <= zero {
 		*v = d
 	}
 }

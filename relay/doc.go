@@ -11,4 +11,15 @@
 // transaction of which it has sent a message (publishedLog); a server that
 // does not is a lossy failover, and Run stops with a *LostGTIDsError. Errors a
 // restart does not cure stop Run too, and mark the progress row FAILED.
+//
+// Publishing goes through one publish.Publisher per mode: it dials the nodes
+// of Config.AMQPURL in turn, and a lane's confirm window counts messages on
+// the wire only (followers parked behind their key count in
+// Config.MaxInflightBytes). A goroutine of each leader term records in the
+// progress row, on a change only, the broker node it publishes to and since
+// when confirms have stopped (status shows both; Ready says the same).
+// Standbys wait for the leader's lock; the leader's heartbeat is one
+// statement per interval. The relay's own sessions ask for
+// binlog_row_image=MINIMAL where the grants allow it, so its acknowledging
+// deletes log ids, not payloads.
 package relay

@@ -155,7 +155,7 @@ func TestBinlogStandbySharesTheLeadersServerID(t *testing.T) {
 	srv, db, b := privateSetup(t)
 	ctx := testenv.Context(t, 2*time.Minute)
 	cfg := Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, Mode: ModeBinlog,
-		HeartbeatInterval: 500 * time.Millisecond, ServerID: nextServerID.Add(1)}
+		HeartbeatInterval: 500 * time.Millisecond, ServerID: testenv.ServerID(t)}
 	first := runRelay(t, cfg, nil)
 	root := srv.Root(t)
 	waitFor(ctx, t, first, "the first instance's binlog dump registered under the server id", func() bool {

@@ -55,7 +55,7 @@ func (e *LostGTIDsError) Error() string {
 	return fmt.Sprintf("lossy failover: server %s lacks transactions this relay already published: %s "+
 		"(relay checkpoint %s, %s; server has %q); %s. Consumers may hold those messages, "+
 		"but their rows and every other write of their transactions are gone from this server. "+
-		"Check the old primary for them, then rerun with --accept-lost-gtids to resume from this server's own position",
+		"Check the old primary for them, then rerun with Config.AcceptLostGTIDs to resume from this server's own position",
 		e.Server, e.Missing, e.Checkpoint, e.From, e.Executed, known)
 }
 
@@ -106,8 +106,8 @@ func (r *Relay) loadState() error {
 	if p.GTIDSet == "" {
 		return nil
 	}
-	if err := r.published.load(p, "read from --state-file "+r.state.path); err != nil {
-		return &ConfigError{fmt.Errorf("--state-file %s: %w", r.state.path, err)}
+	if err := r.published.load(p, "read from Config.StateFile "+r.state.path); err != nil {
+		return &ConfigError{fmt.Errorf("Config.StateFile %s: %w", r.state.path, err)}
 	}
 	r.log.Info("state file read: every server this relay resumes on must hold this position", zap.String("state_file", r.state.path),
 		zap.Stringer("published", p))
@@ -137,7 +137,7 @@ func (r *Relay) checkNotLost(ctx context.Context, stored position.Position) (los
 		r.log.Error("lossy failover", fields...)
 		return false, lostErr
 	}
-	r.log.Warn("--accept-lost-gtids: resuming from the server's own position; the transactions this server lacks are skipped", fields...)
+	r.log.Warn("Config.AcceptLostGTIDs: resuming from the server's own position; the transactions this server lacks are skipped", fields...)
 	// From now on the server's history is the reference: forget the old
 	// position so the next (re)connection compares with what this term stores.
 	r.published.reset()
@@ -201,7 +201,7 @@ func (r *Relay) checkReconnect(ctx context.Context) error {
 		return nil
 	case r.cfg.AcceptLostGTIDs:
 		return &canal.StopError{Err: fmt.Errorf("the binlog stream reconnected to a server that lacks published transactions (%s); "+
-			"restarting the term to resume from its own position (--accept-lost-gtids)", lostErr.Missing)}
+			"restarting the term to resume from its own position (Config.AcceptLostGTIDs)", lostErr.Missing)}
 	}
 	r.log.Error("lossy failover", zap.String("missing", lostErr.Missing), zap.String("checkpoint", lostErr.Checkpoint.String()),
 		zap.String("server_executed", lostErr.Executed), zap.Strings("transactions", lostErr.Transactions),

@@ -81,7 +81,7 @@ func (f *failoverRig) failover(t *testing.T) *sql.DB {
 		t.Fatal(err)
 	}
 	if f.replayable, err = testload.MessageIDsAfter(ctx, db, canal.Config{
-		Host: f.replica.Host(), Port: f.replica.Port(), User: "root", ServerID: nextServerID.Add(1),
+		Host: f.replica.Host(), Port: f.replica.Port(), User: "root", ServerID: testenv.ServerID(t),
 		Schema: f.db.Name, Table: "outbox",
 	}, from); err != nil {
 		t.Fatal(err)
@@ -234,7 +234,7 @@ func TestRelayRefusesLossyFailover(t *testing.T) {
 		t.Fatalf("Run returned %v, want a *LostGTIDsError", f.rr.err)
 	}
 	prefix := "0-" + strconv.FormatUint(uint64(f.primary.ServerID()), 10) + "-"
-	if !strings.HasPrefix(lost.Missing, prefix) || !strings.Contains(lost.Error(), "--accept-lost-gtids") {
+	if !strings.HasPrefix(lost.Missing, prefix) || !strings.Contains(lost.Error(), "Config.AcceptLostGTIDs") {
 		t.Fatalf("error %q: want the missing GTIDs of the old primary (%s…) and the flag that accepts them", lost, prefix)
 	}
 	if !isFatal(f.rr.err) {
@@ -369,7 +369,7 @@ func TestRelayStateFileCatchesLossyFailoverAfterRestart(t *testing.T) {
 		t.Fatalf("a fresh relay with the state file (%s) resumed on a server that lacks what it published", saved)
 	}
 	var lost *LostGTIDsError
-	if !errors.As(withFile.err, &lost) || !strings.Contains(lost.Error(), "--state-file "+state) {
+	if !errors.As(withFile.err, &lost) || !strings.Contains(lost.Error(), "Config.StateFile "+state) {
 		t.Fatalf("fresh relay with the state file: %v, want a *LostGTIDsError naming the file", withFile.err)
 	}
 	withFile.err = nil

@@ -27,7 +27,7 @@ type relayRun struct {
 func runRelay(t *testing.T, cfg Config, tweak func(*Relay)) *relayRun {
 	t.Helper()
 	if cfg.ServerID == 0 {
-		cfg.ServerID = nextServerID.Add(1)
+		cfg.ServerID = testenv.ServerID(t)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zaptest.NewLogger(t).Named("relay")

@@ -44,10 +44,10 @@ func (r *Relay) tablePrivileges(quoted string) []tablePrivilege {
 		{"SELECT", out, "poll mode and the handover read the pending rows", "SELECT 1 FROM " + quoted + " LIMIT 0"},
 	}
 	if r.cfg.OnDelivered == checkpoint.Mark {
-		privs = append(privs, tablePrivilege{"UPDATE", out, "delivered rows are marked, --on-delivered=mark",
+		privs = append(privs, tablePrivilege{"UPDATE", out, "delivered rows are marked, Config.OnDelivered=mark",
 			"UPDATE " + quoted + " SET delivered_at = NULL WHERE FALSE"})
 	} else {
-		privs = append(privs, tablePrivilege{"DELETE", out, "delivered rows are deleted, --on-delivered=delete",
+		privs = append(privs, tablePrivilege{"DELETE", out, "delivered rows are deleted, Config.OnDelivered=delete",
 			"DELETE FROM " + quoted + " WHERE FALSE"})
 	}
 	return append(privs,

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,12 +17,6 @@ import (
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
-
-// nextServerID gives each relay in this test binary its own replica id: two
-// binlog readers with one id make the server drop the older one.
-var nextServerID atomic.Uint32
-
-func init() { nextServerID.Store(900_000) }
 
 // setup gives a test a migrated database and its own exchange and queue.
 func setup(t *testing.T) (*testenv.DB, *testenv.Broker) {
@@ -48,7 +41,7 @@ func startRelayR(t *testing.T, db *testenv.DB, b *testenv.Broker, mod func(*Conf
 	t.Helper()
 	cfg := Config{
 		MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange,
-		ServerID: nextServerID.Add(1), Logger: zaptest.NewLogger(t).Named("relay"),
+		ServerID: testenv.ServerID(t), Logger: zaptest.NewLogger(t).Named("relay"),
 		CheckpointInterval: time.Second,
 	}
 	if mod != nil {

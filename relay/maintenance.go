@@ -8,9 +8,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 )
 
-// defaultMaintenanceInterval is Config.MaintenanceInterval's default.
-const defaultMaintenanceInterval = time.Hour
-
 // maintainWhileLeading runs Config.Maintenance for one leader term: at once,
 // then every MaintenanceInterval, until ctx ends or leadership is lost
 // (which also cancels a call in progress). The function it returns ends the
@@ -21,9 +18,6 @@ func (r *Relay) maintainWhileLeading(ctx context.Context, leader *checkpoint.Lea
 		return func() {}
 	}
 	interval := r.cfg.MaintenanceInterval
-	if interval <= 0 {
-		interval = defaultMaintenanceInterval
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)

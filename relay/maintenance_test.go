@@ -32,7 +32,7 @@ func TestMaintenanceRunsOnTheLeaderOnly(t *testing.T) {
 	maintWait(ctx, t, "the leader's maintenance to run 3 times", func() bool { return first.Load() >= 3 })
 
 	core, logs := observer.New(zap.DebugLevel)
-	cfg := Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, ServerID: nextServerID.Add(1),
+	cfg := Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, ServerID: testenv.ServerID(t),
 		Logger: zap.New(core), StandbyRetry: 20 * time.Millisecond}
 	hook(&second)(&cfg)
 	standby, err := New(cfg)

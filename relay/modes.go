@@ -35,6 +35,7 @@ type modeSwitch struct{ to, reason string }
 func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 	defer r.maintainWhileLeading(ctx, leader)()
 	defer r.watchBacklog(ctx)()
+	defer r.watchBroker(ctx, leader)()
 	r.logCheckpoint(ctx, "resuming from the checkpoint")
 	var mode, reason string
 	for {
@@ -314,7 +315,7 @@ func (r *Relay) stopRounds(ctx context.Context, pub *publish.Publisher, stop cha
 	}
 	switch {
 	case timedOut:
-		r.log.Warn("stopping (shutdown or pause): poll rounds under way did not finish within --shutdown-timeout "+
+		r.log.Warn("stopping (shutdown or pause): poll rounds under way did not finish within Config.ShutdownTimeout "+
 			"and were rolled back; the messages they published will be published again when the relay continues",
 			zap.Int("messages", cut.Messages), zap.Int("rounds", cut.Rounds), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
 	case cut.Rounds > 0:
@@ -328,25 +329,29 @@ func (r *Relay) stopRounds(ctx context.Context, pub *publish.Publisher, stop cha
 func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 	pub, err := publish.New(ctx, publish.Config{
 		URL: r.cfg.AMQPURL, Conn: r.cfg.AMQPOptions, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
-		Logger:      r.log.Named("publish"),
-		Tracer:      r.cfg.Tracer,
-		OnReconnect: func() { r.cfg.Metrics.Reconnected(metrics.TargetAMQP) },
+		// The tracker bounds what every lane holds together, parked
+		// messages included: a lane never needs more.
+		MaxHeldBytes: r.cfg.MaxInflightBytes,
+		Logger:       r.log.Named("publish"),
+		Tracer:       r.cfg.Tracer,
+		OnReconnect:  func(node string) { r.cfg.Metrics.ReconnectedTo(metrics.TargetAMQP, node) },
 		// A broker that refuses (login, vhost, TLS) or cannot be reached
 		// is retried while the relay keeps leadership; each failed attempt
 		// is counted and is the readiness reason until a dial succeeds.
 		RetryRefused: true,
-		OnDial: func(err error) {
+		OnDial: func(node string, err error) {
 			if err == nil {
 				r.brokerDown.Store("")
 				return
 			}
-			r.cfg.Metrics.Reconnected(metrics.TargetAMQP)
+			r.cfg.Metrics.ReconnectedTo(metrics.TargetAMQP, node)
 			r.brokerDown.Store("cannot publish: " + err.Error())
 		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
+	r.pub.Store(pub)
 	return pub, nil
 }
 

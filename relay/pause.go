@@ -19,6 +19,7 @@ import (
 func (r *Relay) holdPaused(ctx context.Context, leader *checkpoint.Leader) error {
 	r.tailing.Store(false)
 	r.brokerDown.Store("") // the publisher is closed while paused
+	r.pub.Store(nil)
 	r.mode.Store("")
 	r.cfg.Metrics.SetMode("")
 	r.paused.Store(true)

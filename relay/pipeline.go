@@ -157,7 +157,7 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 		waitCtx, cancel := context.WithTimeout(pubCtx, r.cfg.ShutdownTimeout)
 		if err := p.tracker.WaitIdle(waitCtx); err != nil {
 			m, b := p.tracker.Inflight()
-			r.log.Warn("stopping (shutdown or pause): in-flight confirms did not arrive within --shutdown-timeout; "+
+			r.log.Warn("stopping (shutdown or pause): in-flight confirms did not arrive within Config.ShutdownTimeout; "+
 				"these unconfirmed messages, and the other messages of their transactions, will be published again when the relay continues",
 				zap.Int("messages", m), zap.Int64("bytes", b), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
 		}
@@ -282,7 +282,7 @@ func (p *pipeline) stopReading(ctx, readCtx context.Context) {
 			"the messages of its rows published so far will be published again when reading resumes",
 			zap.Int64("messages", p.txnRows.Load()))
 	default:
-		p.r.log.Warn("stopping (shutdown or pause): the transaction being read did not end within --shutdown-timeout; "+
+		p.r.log.Warn("stopping (shutdown or pause): the transaction being read did not end within Config.ShutdownTimeout; "+
 			"reading stops now, and the messages of its rows published so far will be published again when reading resumes",
 			zap.Int64("messages", p.txnRows.Load()), zap.Duration("shutdown_timeout", p.r.cfg.ShutdownTimeout))
 	}
@@ -345,7 +345,7 @@ func (p *pipeline) sweep(ctx context.Context, d *poller.Poller) (int, error) {
 		return n, err
 	case errors.As(err, &cut):
 		p.r.log.Warn("stopping (shutdown or pause): the rounds delivering pending rows did not finish within "+
-			"--shutdown-timeout and were rolled back; the messages they published will be published again when the relay continues",
+			"Config.ShutdownTimeout and were rolled back; the messages they published will be published again when the relay continues",
 			zap.Int("messages", cut.Messages), zap.Int("rounds", cut.Rounds), zap.Duration("shutdown_timeout", p.r.cfg.ShutdownTimeout))
 		return n, poller.ErrStopped
 	case err == nil || errors.Is(err, poller.ErrStopped) || cutShort:

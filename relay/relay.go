@@ -22,7 +22,15 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/publish"
 )
+
+// ConfirmStallAfter is how long the publisher may wait for the broker's
+// confirmations, with messages on the wire, before the relay reports itself
+// not ready. The messages are not given up: they stay in flight (and in the
+// outbox) until the broker confirms them, or are published again after a
+// reconnect.
+const ConfirmStallAfter = 10 * time.Second
 
 // Relay publishes one outbox table's rows to RabbitMQ.
 type Relay struct {
@@ -43,6 +51,10 @@ type Relay struct {
 	// ("" once a dial succeeded or the term ended): it makes the relay
 	// not ready even while it leads.
 	brokerDown atomic.Value // string
+	// pub is the current term's publisher (nil between terms and while
+	// paused): Ready asks it which node it is connected to and how long
+	// it has waited for confirmations.
+	pub atomic.Pointer[publish.Publisher]
 
 	// published is what this process has published (publishedLog), kept
 	// across reconnects and leader terms: the failover check compares it
@@ -65,6 +77,13 @@ func (r *Relay) Ready() error {
 	if msg, _ := r.brokerDown.Load().(string); msg != "" {
 		return errors.New(msg)
 	}
+	if pub := r.pub.Load(); pub != nil && !r.Paused() {
+		if wait := pub.ConfirmWait(); wait > ConfirmStallAfter {
+			return fmt.Errorf("no publisher confirms from RabbitMQ node %s for %v (a quorum queue without a majority of its nodes, "+
+				"or an overloaded broker): the messages are held, not given up, and go on when the broker confirms again",
+				pub.Node(), wait.Round(time.Second))
+		}
+	}
 	if r.Tailing() || r.Polling() || r.Paused() {
 		return nil
 	}
@@ -72,6 +91,16 @@ func (r *Relay) Ready() error {
 		return errors.New(msg)
 	}
 	return nil
+}
+
+// BrokerNode is the RabbitMQ node (host:port of one of --amqp-url's URLs,
+// never with credentials) the leader's publisher is connected to, "" when
+// it is not connected or the relay does not lead. No I/O.
+func (r *Relay) BrokerNode() string {
+	if pub := r.pub.Load(); pub != nil && !r.Paused() {
+		return pub.Node()
+	}
+	return ""
 }
 
 // Paused reports whether the relay leads and holds a pause an operator
@@ -86,8 +115,10 @@ func (r *Relay) Polling() bool { return r.polling.Load() }
 // row committed from now on is published from the binlog stream.
 func (r *Relay) Tailing() bool { return r.tailing.Load() }
 
-// New validates cfg and opens the database pool; it does not connect yet.
+// New fills cfg's defaults, validates it and opens the database pool; it
+// does not connect yet.
 func New(cfg Config) (*Relay, error) {
+	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -95,24 +126,16 @@ func New(cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, &ConfigError{err}
 	}
-	db, err := target.OpenDB(func(dsn *mysql.Config) {
-		// The relay reads and writes DATETIME(6) values as UTC; a session
-		// time zone makes NOW(6) and the stored values agree whatever the
-		// server's is.
-		dsn.ParseTime = true
-		dsn.Loc = time.UTC
-		if dsn.Params == nil {
-			dsn.Params = map[string]string{}
-		}
-		dsn.Params["time_zone"] = "'+00:00'"
-	})
+	connector, err := target.Connector(mysqlconn.UTC)
 	if err != nil {
 		return nil, &ConfigError{err}
 	}
-	db.SetMaxOpenConns(8)
+	db := sql.OpenDB(&rowImageConnector{Connector: connector, log: cfg.Logger})
+	// A leader holds two (its lock, its heartbeat) for its term.
+	db.SetMaxOpenConns(9)
 	// As many idle as open: poll workers and the acker would otherwise
 	// reconnect (handshake, SET time_zone) on every round.
-	db.SetMaxIdleConns(8)
+	db.SetMaxIdleConns(9)
 	db.SetConnMaxIdleTime(time.Minute)
 
 	store, err := checkpoint.New(db, checkpoint.Config{
@@ -148,7 +171,7 @@ func (r *Relay) Close() error { return r.db.Close() }
 // with backoff, resuming from the durable checkpoint.
 //
 // The process keeps a row of outbox_relay_instances for `status`: a standby
-// beats it each time it looks for leadership (at least every lease/4), a
+// beats it each time it looks for leadership (every StandbyRetry at most), a
 // leader once per term, and Run deletes it when it returns.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.loadState(); err != nil {
@@ -167,8 +190,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	// A standby says so once at INFO, then at DEBUG at every look, until
 	// it leads (and stands by again) or the leader changes.
 	lastLeader := ""
+	// A standby waits for the lock inside its next look (a leader that
+	// stops or dies frees it, and the standby takes it at once): one
+	// statement per look.
+	var wait time.Duration
 	for {
-		leader, err := r.store.Acquire(ctx)
+		leader, err := r.store.AcquireWithin(ctx, wait)
+		wait = 0
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -176,10 +204,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.notReady.Store("")
 			m.SetMode("")
 			row.beat(ctx, checkpoint.RoleStandby)
-			// At most a quarter of the lease between two looks, so this
-			// standby's heartbeat in outbox_relay_instances stays well
-			// inside the lease (status shows it alive).
-			d := min(r.cfg.StandbyRetry, r.cfg.LeaderLease/4)
+			// At most StandbyRetry (4/5 of the lease by default) between
+			// two looks, so this standby's heartbeat in
+			// outbox_relay_instances stays inside the lease (status
+			// shows it alive).
+			d := min(r.cfg.StandbyRetry, r.cfg.LeaderLease*4/5)
 			var held *checkpoint.HeldError
 			if errors.As(err, &held) {
 				log := r.log.Debug
@@ -188,14 +217,11 @@ func (r *Relay) Run(ctx context.Context) error {
 				}
 				log("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName),
 					zap.String("leader", held.Leader), zap.Duration("heartbeat_age", held.Age))
-				// Look again just after the leader's lease would end.
-				if rest := held.Lease - held.Age + 100*time.Millisecond; rest > 0 && rest < d {
-					d = rest
-				}
 			}
-			if !backoff.Sleep(ctx, d) {
-				return nil
-			}
+			// The next look waits for the lock at most d, and not past
+			// the moment the leader's lease would end without another
+			// heartbeat (AcquireWithin).
+			wait = d
 			continue
 		case err != nil:
 			d := retry.Next()
@@ -220,6 +246,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		started := time.Now()
 		err = r.lead(ctx, leader)
 		r.brokerDown.Store("")
+		r.pub.Store(nil)
 		m.SetLeader(false)
 		m.SetMode("")
 		r.notReady.Store("leadership ended: restarting")
@@ -299,13 +326,13 @@ func (r *Relay) ping(ctx context.Context) error {
 		case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044): // ER_ACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR
 			hint := ""
 			if r.canal.TLS != nil && len(r.canal.TLS.Certificates) == 0 {
-				hint = "; a user created REQUIRE X509 needs --mysql-tls-cert and --mysql-tls-key"
+				hint = "; a user created REQUIRE X509 needs Config.MySQLTLSCert and Config.MySQLTLSKey"
 			}
-			return &ConfigError{fmt.Errorf("connect to %s: access denied (%s); check the password in --mysql-dsn or --mysql-password-file, that the user may connect from this host, and its grants on the database%s", where, me.Message, hint)}
+			return &ConfigError{fmt.Errorf("connect to %s: access denied (%s); check the password in Config.MySQLDSN or Config.MySQLPasswordFile, that the user may connect from this host, and its grants on the database%s", where, me.Message, hint)}
 		case errors.As(err, &me) && me.Number == 1049: // ER_BAD_DB_ERROR
-			return &ConfigError{fmt.Errorf("connect to %s: database %q does not exist; create it (CREATE DATABASE `%s` CHARACTER SET utf8mb4) and run `outbox-relay migrate`, or fix --mysql-dsn", where, r.canal.Schema, r.canal.Schema)}
+			return &ConfigError{fmt.Errorf("connect to %s: database %q does not exist; create it (CREATE DATABASE `%s` CHARACTER SET utf8mb4) and run `outbox-relay migrate`, or fix Config.MySQLDSN", where, r.canal.Schema, r.canal.Schema)}
 		case errors.Is(err, syscall.ECONNREFUSED):
-			return fmt.Errorf("connect to %s: connection refused; check the host and port in --mysql-dsn and that the server is running", where)
+			return fmt.Errorf("connect to %s: connection refused; check the host and port in Config.MySQLDSN and that the server is running", where)
 		case attempt == 4:
 			return fmt.Errorf("connect to %s: %w", where, err)
 		}
@@ -340,7 +367,7 @@ func (r *Relay) checkTables(ctx context.Context) error {
 		var me *mysql.MySQLError
 		switch {
 		case errors.As(err, &me) && me.Number == 1146: // ER_NO_SUCH_TABLE
-			return &ConfigError{fmt.Errorf("table %q does not exist in database %q; run `outbox-relay migrate` with the same --mysql-dsn and --table first", t.name, r.canal.Schema)}
+			return &ConfigError{fmt.Errorf("table %q does not exist in database %q; run `outbox-relay migrate` with the same Config.MySQLDSN and Config.Table first", t.name, r.canal.Schema)}
 		case errors.As(err, &me) && (me.Number == 1142 || me.Number == 1044):
 			// No SELECT: checkGrants names it with the others missing.
 		case err != nil && ctx.Err() == nil:

@@ -44,17 +44,17 @@ func (s *stateFile) load() (position.Position, error) {
 		return position.Position{}, nil
 	}
 	if err != nil {
-		return position.Position{}, fmt.Errorf("read --state-file: %w", err)
+		return position.Position{}, fmt.Errorf("read Config.StateFile: %w", err)
 	}
 	var st stateJSON
 	if err := json.Unmarshal(data, &st); err != nil {
-		return position.Position{}, fmt.Errorf("read --state-file %s: not a state file this relay wrote (%v); move it away to start without it", s.path, err)
+		return position.Position{}, fmt.Errorf("read Config.StateFile %s: not a state file this relay wrote (%v); move it away to start without it", s.path, err)
 	}
 	if st.RelayName != s.relayName {
-		return position.Position{}, fmt.Errorf("--state-file %s belongs to relay name %q, not %q: give each relay name its own file", s.path, st.RelayName, s.relayName)
+		return position.Position{}, fmt.Errorf("Config.StateFile %s belongs to relay name %q, not %q: give each relay name its own file", s.path, st.RelayName, s.relayName)
 	}
 	if _, err := position.ParseGTIDSet(st.Flavor, st.GTIDSet); err != nil {
-		return position.Position{}, fmt.Errorf("read --state-file %s: %w; move it away to start without it", s.path, err)
+		return position.Position{}, fmt.Errorf("read Config.StateFile %s: %w; move it away to start without it", s.path, err)
 	}
 	return position.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet}, nil
 }
@@ -63,14 +63,14 @@ func (s *stateFile) load() (position.Position, error) {
 func (s *stateFile) store(p position.Position) error {
 	data, err := json.Marshal(stateJSON{RelayName: s.relayName, Flavor: p.Flavor, GTIDSet: p.GTIDSet, UpdatedAt: time.Now().UTC()})
 	if err != nil {
-		return fmt.Errorf("write --state-file: %w", err)
+		return fmt.Errorf("write Config.StateFile: %w", err)
 	}
 	tmp := s.path + ".tmp"
 	if err := os.WriteFile(tmp, append(data, '\n'), 0o600); err != nil {
-		return fmt.Errorf("write --state-file: %w", err)
+		return fmt.Errorf("write Config.StateFile: %w", err)
 	}
 	if err := os.Rename(tmp, s.path); err != nil {
-		return fmt.Errorf("write --state-file: %w", err)
+		return fmt.Errorf("write Config.StateFile: %w", err)
 	}
 	return nil
 }
@@ -82,7 +82,7 @@ func (s *stateFile) check() error {
 	dir := filepath.Dir(s.path)
 	f, err := os.CreateTemp(dir, ".outbox-relay-state-*")
 	if err != nil {
-		return fmt.Errorf("--state-file %s: cannot write in %s: %w", s.path, dir, err)
+		return fmt.Errorf("Config.StateFile %s: cannot write in %s: %w", s.path, dir, err)
 	}
 	name := f.Name()
 	f.Close()

@@ -79,10 +79,10 @@ func withParam(dsn, param string) string {
 // term restarts and the error is recorded as last_error.
 func TestTLSErrorDecisions(t *testing.T) {
 	err := fmt.Errorf("canal: %w", &canal.TLSError{Addr: "db:3306",
-		Problem: "the server's certificate is not signed by --mysql-tls-ca (server db:3306: x509: certificate signed by unknown authority)",
-		Fix:     "give --mysql-tls-ca the CA certificate that signed the server's certificate (the server's ssl-ca)"})
+		Problem: "the server's certificate is not signed by Config.MySQLTLSCA (server db:3306: x509: certificate signed by unknown authority)",
+		Fix:     "give Config.MySQLTLSCA the CA certificate that signed the server's certificate (the server's ssl-ca)"})
 	auto := &Relay{cfg: Config{Mode: ModeAuto}}
-	if why := auto.fallbackReason(err); !strings.Contains(why, "not signed by --mysql-tls-ca") {
+	if why := auto.fallbackReason(err); !strings.Contains(why, "not signed by Config.MySQLTLSCA") {
 		t.Errorf("auto mode: fallback reason %q, want the TLS problem", why)
 	}
 	if isFatal(err) {

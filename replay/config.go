@@ -188,13 +188,13 @@ func (c *Config) Validate() error {
 	r := &c.Range
 	switch {
 	case r.FromGTID == "" && r.FromTime.IsZero():
-		return refused("replay: give the start of the range: --from-gtid SET or --from-time T")
+		return refused("replay: give the start of the range: Range.FromGTID SET or Range.FromTime T")
 	case r.FromGTID != "" && !r.FromTime.IsZero():
-		return refused("replay: give one start, --from-gtid or --from-time, not both")
+		return refused("replay: give one start, Range.FromGTID or Range.FromTime, not both")
 	case r.ToGTID != "" && !r.ToTime.IsZero():
-		return refused("replay: give at most one end, --to-gtid or --to-time, not both")
+		return refused("replay: give at most one end, Range.ToGTID or Range.ToTime, not both")
 	case !r.FromTime.IsZero() && !r.ToTime.IsZero() && r.ToTime.Truncate(time.Second).Before(r.FromTime.Truncate(time.Second)):
-		return refused("replay: --to-time %s is before --from-time %s", r.ToTime.Format(time.RFC3339), r.FromTime.Format(time.RFC3339))
+		return refused("replay: Range.ToTime %s is before Range.FromTime %s", r.ToTime.Format(time.RFC3339), r.FromTime.Format(time.RFC3339))
 	}
 	if len(c.Exchange) > 255 {
 		return refused("replay: exchange %.40q... is %d bytes, AMQP allows 255", c.Exchange, len(c.Exchange))

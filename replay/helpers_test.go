@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,11 +19,6 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
-// nextServerID gives each replay of this test binary its own replica id.
-var nextServerID atomic.Uint32
-
-func init() { nextServerID.Store(820_000) }
-
 // migrated applies the schema to db.
 func migrated(t *testing.T, db *testenv.DB) {
 	t.Helper()
@@ -37,7 +31,7 @@ func migrated(t *testing.T, db *testenv.DB) {
 func baseConfig(t *testing.T, db *testenv.DB, b *testenv.Broker) Config {
 	return Config{
 		MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange,
-		ServerID: nextServerID.Add(1), Logger: zaptest.NewLogger(t).Named("replay"),
+		ServerID: testenv.ServerID(t), Logger: zaptest.NewLogger(t).Named("replay"),
 	}
 }
 

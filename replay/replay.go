@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
+	"github.com/outbox-relay/outbox-relay/position"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
@@ -35,29 +36,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		return nil, err
 	}
 	defer db.Close()
-
-	if err := canal.Preflight(ctx, db, ccfg); err != nil {
-		var pe *canal.PreflightError
-		var te *canal.TLSError
-		switch {
-		case errors.As(err, &pe):
-			return nil, &RefusedError{fmt.Errorf("replay: the server cannot serve the binlog: %w", err)}
-		case errors.As(err, &te):
-			return nil, &RefusedError{fmt.Errorf("replay: %w", te)}
-		}
-		if te := canal.ExplainConnectError(ctx, ccfg, err); te != err {
-			return nil, &RefusedError{fmt.Errorf("replay: %w", te)}
-		}
-		return nil, fmt.Errorf("replay: preflight: %w", err)
-	}
-	flavor, err := canal.DetectFlavor(ctx, db)
+	tailer, flavor, err := newTailer(ctx, db, ccfg)
 	if err != nil {
-		return nil, fmt.Errorf("replay: %w", err)
-	}
-	ccfg.Flavor = flavor
-	tailer, err := canal.New(ccfg)
-	if err != nil {
-		return nil, &RefusedError{fmt.Errorf("replay: %w", err)}
+		return nil, err
 	}
 	b, err := resolve(ctx, db, tailer, flavor, cfg.Range, log)
 	if err != nil {
@@ -80,54 +61,19 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if b.empty {
 		return st.finish(nil), nil
 	}
-
-	var pub *publish.Publisher
 	if !cfg.DryRun {
-		if err := checkBroker(ctx, cfg.AMQPURL, cfg.AMQPOptions, cfg.Exchange); err != nil {
+		pub, err := st.openChannels(ctx, &cfg)
+		if err != nil {
 			return nil, err
 		}
-		// The publisher outlives ctx so that an interrupted replay still
-		// waits (FlushTimeout) for the confirms of what it published.
-		pub, err = publish.New(context.WithoutCancel(ctx), publish.Config{
-			URL: cfg.AMQPURL, Conn: cfg.AMQPOptions, ConfirmWindow: cfg.ConfirmWindow, MaxAttempts: cfg.MaxAttempts,
-			Logger: log.Named("publish"),
-		})
-		if err != nil {
-			return nil, fmt.Errorf("replay: %w", err)
-		}
 		defer pub.Close()
-		for range cfg.Lanes {
-			ch, err := pub.NewChannel(st.onResult)
-			if err != nil {
-				return nil, fmt.Errorf("replay: %w", err)
-			}
-			st.chans = append(st.chans, ch)
-		}
 	}
-
-	stop, reported := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(reported)
-		st.report(stop)
-	}()
-	runErr := tailer.Run(ctx, b.from, st)
-	close(stop)
-	<-reported
-	switch {
-	case errors.Is(runErr, errDone):
-		runErr = nil
-	case ctx.Err() != nil:
-		st.count(func(s *Summary) { s.Interrupted = true })
-		runErr = fmt.Errorf("replay interrupted: %w", ctx.Err())
-	case runErr != nil:
-		var pe *canal.PurgedError
-		if errors.As(runErr, &pe) {
-			// The server refuses the dump before sending anything: a
-			// refused run, without a summary.
-			return nil, unknownStart(ctx, db, flavor, b, pe)
-		} else {
-			runErr = fmt.Errorf("replay: read the binlog: %w", runErr)
-		}
+	runErr := st.tail(ctx, tailer, b.from)
+	var pe *canal.PurgedError
+	if errors.As(runErr, &pe) {
+		// The server refuses the dump before sending anything: a refused
+		// run, without a summary.
+		return nil, unknownStart(ctx, db, flavor, b, pe)
 	}
 	if err := st.flush(ctx); err != nil && runErr == nil {
 		runErr = err
@@ -138,6 +84,90 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 			s.NotConfirmed(), s.Messages+s.Invalid, s.Returned, s.Rejected, s.Invalid, s.Unconfirmed)
 	}
 	return s, runErr
+}
+
+// newTailer checks that the server can serve its binlog to ccfg (a server
+// or TLS setup that cannot is a *RefusedError) and returns a tailer of it
+// with the server's flavor.
+func newTailer(ctx context.Context, db *sql.DB, ccfg canal.Config) (*canal.Tailer, string, error) {
+	if err := canal.Preflight(ctx, db, ccfg); err != nil {
+		var pe *canal.PreflightError
+		var te *canal.TLSError
+		switch {
+		case errors.As(err, &pe):
+			return nil, "", &RefusedError{fmt.Errorf("replay: the server cannot serve the binlog: %w", err)}
+		case errors.As(err, &te):
+			return nil, "", &RefusedError{fmt.Errorf("replay: %w", te)}
+		}
+		if te := canal.ExplainConnectError(ctx, ccfg, err); te != err {
+			return nil, "", &RefusedError{fmt.Errorf("replay: %w", te)}
+		}
+		return nil, "", fmt.Errorf("replay: preflight: %w", err)
+	}
+	flavor, err := canal.DetectFlavor(ctx, db)
+	if err != nil {
+		return nil, "", fmt.Errorf("replay: %w", err)
+	}
+	ccfg.Flavor = flavor
+	tailer, err := canal.New(ccfg)
+	if err != nil {
+		return nil, "", &RefusedError{fmt.Errorf("replay: %w", err)}
+	}
+	return tailer, flavor, nil
+}
+
+// openChannels checks the broker and opens the publisher with cfg.Lanes
+// channels for st. The publisher outlives ctx so that an interrupted replay
+// still waits (FlushTimeout) for the confirms of what it published; the
+// caller closes it.
+func (st *stream) openChannels(ctx context.Context, cfg *Config) (*publish.Publisher, error) {
+	if err := checkBroker(ctx, cfg.AMQPURL, cfg.AMQPOptions, cfg.Exchange); err != nil {
+		return nil, err
+	}
+	pub, err := publish.New(context.WithoutCancel(ctx), publish.Config{
+		URL: cfg.AMQPURL, Conn: cfg.AMQPOptions, ConfirmWindow: cfg.ConfirmWindow, MaxAttempts: cfg.MaxAttempts,
+		Logger: cfg.Logger.Named("publish"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	for range cfg.Lanes {
+		ch, err := pub.NewChannel(st.onResult)
+		if err != nil {
+			pub.Close()
+			return nil, fmt.Errorf("replay: %w", err)
+		}
+		st.chans = append(st.chans, ch)
+	}
+	return pub, nil
+}
+
+// tail streams the binlog from from into st, reporting progress meanwhile,
+// until the range ends (nil), ctx ends (the summary says interrupted) or
+// reading fails. A *canal.PurgedError is returned as it is: the server
+// refused the dump before sending anything.
+func (st *stream) tail(ctx context.Context, tailer *canal.Tailer, from position.Position) error {
+	stop, reported := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(reported)
+		st.report(stop)
+	}()
+	err := tailer.Run(ctx, from, st)
+	close(stop)
+	<-reported
+	var pe *canal.PurgedError
+	switch {
+	case errors.Is(err, errDone):
+		return nil
+	case ctx.Err() != nil:
+		st.count(func(s *Summary) { s.Interrupted = true })
+		return fmt.Errorf("replay interrupted: %w", ctx.Err())
+	case errors.As(err, &pe):
+		return err
+	case err != nil:
+		return fmt.Errorf("replay: read the binlog: %w", err)
+	}
+	return nil
 }
 
 // flush waits until every published message has its outcome: while ctx
@@ -197,11 +227,7 @@ func open(cfg Config) (*sql.DB, canal.Config, error) {
 	if err != nil {
 		return nil, canal.Config{}, refused("replay: %v", err)
 	}
-	db, err := target.OpenDB(func(dsn *mysql.Config) {
-		if dsn.Timeout == 0 {
-			dsn.Timeout = 10 * time.Second
-		}
-	})
+	db, err := target.OpenDB(mysqlconn.DialTimeout)
 	if err != nil {
 		return nil, canal.Config{}, refused("replay: %v", err)
 	}

@@ -40,38 +40,8 @@ func resolve(ctx context.Context, db *sql.DB, t *canal.Tailer, flavor string, r 
 		return bounds{}, fmt.Errorf("replay: read the server's position: %w", err)
 	}
 	b.limit = cur
-
-	switch {
-	case r.FromGTID != "":
-		if _, err := position.NewGTIDs(flavor, r.FromGTID); err != nil {
-			return bounds{}, refused("replay: --from-gtid: %v", err)
-		}
-		b.from = position.Position{Flavor: flavor, GTIDSet: r.FromGTID}
-	default:
-		tp, err := t.TimePosition(ctx, db, r.FromTime)
-		if err != nil {
-			return bounds{}, fmt.Errorf("replay: find --from-time %s in the binlog: %w", r.FromTime.Format(time.RFC3339), err)
-		}
-		log.Info("--from-time resolved", zap.Time("time", r.FromTime), zap.Bool("found", tp.Found),
-			zap.String("file", tp.File), zap.Uint32("pos", tp.Pos), zap.Stringer("position", tp.Position),
-			zap.Int("files_probed", tp.FilesProbed))
-		if tp.BeforeOldest {
-			oldest, err := oldestPosition(ctx, db, flavor, tp.Oldest)
-			if err != nil {
-				return bounds{}, err
-			}
-			if !oldest.IsZero() { // transactions before the oldest binlog existed: purged
-				return bounds{}, refused("replay: --from-time %s is before the oldest binlog the server has (%s, begun %s), "+
-					"so transactions of that time may have been purged; the oldest position available is %s: "+
-					"start there with --from-time %s (or later)%s",
-					r.FromTime.UTC().Format(time.RFC3339), tp.Oldest, tp.OldestStart.Format(time.RFC3339),
-					describe(oldest), tp.OldestStart.Format(time.RFC3339), orGTID(oldest))
-			}
-		}
-		b.from = tp.Position
-		if tp.Found {
-			b.fromTime = tp.Time
-		}
+	if b.from, b.fromTime, err = resolveFrom(ctx, db, t, flavor, r, log); err != nil {
+		return bounds{}, err
 	}
 	if err := canal.CheckPosition(ctx, db, b.from); err != nil {
 		var pe *canal.PurgedError
@@ -80,57 +50,100 @@ func resolve(ctx context.Context, db *sql.DB, t *canal.Tailer, flavor string, r 
 		}
 		return bounds{}, unknownStart(ctx, db, flavor, b, pe)
 	}
+	if b.to, err = resolveTo(ctx, db, t, flavor, r, cur, b.from, log); err != nil {
+		return bounds{}, err
+	}
+	// A position the start already contains ends the range before it
+	// begins: a time range without transactions, or a start at the end.
+	for _, end := range []position.Position{b.to, b.limit} {
+		if ok, err := reached(b.from, end); err != nil {
+			return bounds{}, err
+		} else if ok {
+			b.empty = true
+		}
+	}
+	return b, nil
+}
 
+// resolveFrom is the start of r: its GTID set, or the position of the
+// first transaction at or after its time, with that transaction's time
+// (zero when there is none). A time before the oldest binlog, when older
+// transactions existed, is refused: they may have been purged.
+func resolveFrom(ctx context.Context, db *sql.DB, t *canal.Tailer, flavor string, r Range, log *zap.Logger) (position.Position, time.Time, error) {
+	if r.FromGTID != "" {
+		if _, err := position.NewGTIDs(flavor, r.FromGTID); err != nil {
+			return position.Position{}, time.Time{}, refused("replay: Range.FromGTID: %v", err)
+		}
+		return position.Position{Flavor: flavor, GTIDSet: r.FromGTID}, time.Time{}, nil
+	}
+	tp, err := t.TimePosition(ctx, db, r.FromTime)
+	if err != nil {
+		return position.Position{}, time.Time{}, fmt.Errorf("replay: find Range.FromTime %s in the binlog: %w", r.FromTime.Format(time.RFC3339), err)
+	}
+	log.Info("Range.FromTime resolved", zap.Time("time", r.FromTime), zap.Bool("found", tp.Found),
+		zap.String("file", tp.File), zap.Uint32("pos", tp.Pos), zap.Stringer("position", tp.Position),
+		zap.Int("files_probed", tp.FilesProbed))
+	if tp.BeforeOldest {
+		oldest, err := oldestPosition(ctx, db, flavor, tp.Oldest)
+		if err != nil {
+			return position.Position{}, time.Time{}, err
+		}
+		if !oldest.IsZero() { // transactions before the oldest binlog existed: purged
+			return position.Position{}, time.Time{}, refused("replay: Range.FromTime %s is before the oldest binlog the server has (%s, begun %s), "+
+				"so transactions of that time may have been purged; the oldest position available is %s: "+
+				"start there with Range.FromTime %s (or later)%s",
+				r.FromTime.UTC().Format(time.RFC3339), tp.Oldest, tp.OldestStart.Format(time.RFC3339),
+				describe(oldest), tp.OldestStart.Format(time.RFC3339), orGTID(oldest))
+		}
+	}
+	if !tp.Found {
+		return tp.Position, time.Time{}, nil
+	}
+	return tp.Position, tp.Time, nil
+}
+
+// resolveTo is the end of r: its GTID set, which the server must have and
+// from must not contain; the position of the first transaction after its
+// time's second; or, with neither or a time after the last transaction,
+// the server's position cur.
+func resolveTo(ctx context.Context, db *sql.DB, t *canal.Tailer, flavor string, r Range, cur, from position.Position, log *zap.Logger) (position.Position, error) {
 	switch {
 	case r.ToGTID != "":
 		if _, err := position.NewGTIDs(flavor, r.ToGTID); err != nil {
-			return bounds{}, refused("replay: --to-gtid: %v", err)
+			return position.Position{}, refused("replay: Range.ToGTID: %v", err)
 		}
-		b.to = position.Position{Flavor: flavor, GTIDSet: r.ToGTID}
+		to := position.Position{Flavor: flavor, GTIDSet: r.ToGTID}
 		state, err := serverState(ctx, db, flavor, cur)
 		if err != nil {
-			return bounds{}, err
+			return position.Position{}, err
 		}
-		if ok, err := reached(state, b.to); err != nil {
-			return bounds{}, err
+		if ok, err := reached(state, to); err != nil {
+			return position.Position{}, err
 		} else if !ok {
-			return bounds{}, refused("replay: --to-gtid %s is not in the server's binlog yet (the server is at %s)", r.ToGTID, describe(cur))
+			return position.Position{}, refused("replay: Range.ToGTID %s is not in the server's binlog yet (the server is at %s)", r.ToGTID, describe(cur))
 		}
-		if ok, err := reached(b.from, b.to); err != nil {
-			return bounds{}, err
+		if ok, err := reached(from, to); err != nil {
+			return position.Position{}, err
 		} else if ok {
-			return bounds{}, refused("replay: --to-gtid %s is at or before the start %s: the range is empty", r.ToGTID, describe(b.from))
+			return position.Position{}, refused("replay: Range.ToGTID %s is at or before the start %s: the range is empty", r.ToGTID, describe(from))
 		}
+		return to, nil
 	case !r.ToTime.IsZero():
 		// Events of ToTime's second are in the range: the end is the
 		// first transaction of a later second.
 		after := r.ToTime.Truncate(time.Second).Add(time.Second)
 		tp, err := t.TimePosition(ctx, db, after)
 		if err != nil {
-			return bounds{}, fmt.Errorf("replay: find --to-time %s in the binlog: %w", r.ToTime.Format(time.RFC3339), err)
+			return position.Position{}, fmt.Errorf("replay: find Range.ToTime %s in the binlog: %w", r.ToTime.Format(time.RFC3339), err)
 		}
-		log.Info("--to-time resolved", zap.Time("time", r.ToTime), zap.Bool("found", tp.Found),
+		log.Info("Range.ToTime resolved", zap.Time("time", r.ToTime), zap.Bool("found", tp.Found),
 			zap.String("file", tp.File), zap.Uint32("pos", tp.Pos), zap.Stringer("position", tp.Position))
-		b.to = tp.Position
 		if !tp.Found {
-			b.to = cur
+			return cur, nil
 		}
-	default:
-		b.to = cur
+		return tp.Position, nil
 	}
-	// A position the start already contains ends the range before it
-	// begins: a time range without transactions, or a start at the end.
-	if ok, err := reached(b.from, b.to); err != nil {
-		return bounds{}, err
-	} else if ok {
-		b.empty = true
-	}
-	if ok, err := reached(b.from, b.limit); err != nil {
-		return bounds{}, err
-	} else if ok {
-		b.empty = true
-	}
-	return b, nil
+	return cur, nil
 }
 
 // reached reports whether a stream at pos has passed every transaction of
@@ -216,10 +229,10 @@ func describe(p position.Position) string {
 	}
 }
 
-// orGTID suggests --from-gtid for a GTID position.
+// orGTID suggests Range.FromGTID for a GTID position.
 func orGTID(p position.Position) string {
 	if p.GTIDSet == "" {
 		return ""
 	}
-	return " (--from-gtid " + p.GTIDSet + ")"
+	return " (Range.FromGTID " + p.GTIDSet + ")"
 }

@@ -61,7 +61,7 @@ func TestReplayTimeRange(t *testing.T) {
 	t.Logf("batches at %s, %s, %s, %s", sA.Format(time.TimeOnly), sB.Format(time.TimeOnly), s3.Format(time.TimeOnly), sC.Format(time.TimeOnly))
 
 	// The search itself: about log2(34) files probed, not 34.
-	tailer, err := canal.New(canal.Config{Host: db.Host, Port: db.Port, User: db.User, ServerID: nextServerID.Add(1),
+	tailer, err := canal.New(canal.Config{Host: db.Host, Port: db.Port, User: db.User, ServerID: testenv.ServerID(t),
 		Schema: db.Name, Table: "outbox", Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ func declareAMQP(fs *flag.FlagSet, url *string, o *publish.ConnOptions) {
 	fs.StringVar(&o.TLSCA, "amqp-tls-ca", "", "PEM `file` of the CA certificates that verify the broker's certificate (amqps://; default: the system's)")
 	fs.StringVar(&o.TLSCert, "amqp-tls-cert", "", "PEM `file` of a client certificate for the broker, with --amqp-tls-key; without a password the login is EXTERNAL, as the user the broker takes from the certificate")
 	fs.StringVar(&o.TLSKey, "amqp-tls-key", "", "PEM `file` of the unencrypted key of --amqp-tls-cert")
-	fs.StringVar(&o.PasswordFile, "amqp-password-file", "", "`file` holding the password of the --amqp-url user (the URL then has none; one trailing newline is ignored); read again at every connect, so a rotated password needs no restart")
+	fs.StringVar(&o.PasswordFile, "amqp-password-file", "", "`file` holding the password of the --amqp-url user (the URL then has none; trailing line breaks are ignored); read again at every connect, so a rotated password needs no restart")
 }
 
 // checkAMQP refuses, as bad usage, an --amqp-url the client cannot dial or

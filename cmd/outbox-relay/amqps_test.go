@@ -45,8 +45,8 @@ func (b *tlsBroker) url(userinfo string) string {
 
 // tlsArgs are the flags of a relay on db reaching b over TLS at url with the
 // client certificate, plus extra.
-func (b *tlsBroker) tlsArgs(db *testenv.DB, url string, extra ...string) []string {
-	args := relayArgs(db, b.broker, "--amqp-url", url,
+func (b *tlsBroker) tlsArgs(t testing.TB, db *testenv.DB, url string, extra ...string) []string {
+	args := relayArgs(t, db, b.broker, "--amqp-url", url,
 		"--amqp-tls-ca", b.ca.CertFile, "--amqp-tls-cert", b.cert, "--amqp-tls-key", b.key)
 	return append(args, extra...)
 }
@@ -87,7 +87,9 @@ func writeSecret(t *testing.T, path, content string) {
 // TLS port, a CA that did not sign the broker's certificate and a host the
 // certificate does not name each fail with a reason naming TLS and the fix.
 func TestRunAMQPS(t *testing.T) {
+	t.Parallel() // servers of its own (MariaDB and RabbitMQ); mostly waits
 	b := startTLSBroker(t)
+	srv := testenv.StartServer(t, testenv.ServerOptions{})
 
 	t.Run("password_file_rotation", func(t *testing.T) {
 		const user, first, second = "relay-pw", "first-Secret-7f3a", "second-Secret-91cc"
@@ -95,10 +97,10 @@ func TestRunAMQPS(t *testing.T) {
 		b.node.AddUser(t, user, first)
 		pwFile := filepath.Join(t.TempDir(), "amqp-password")
 		writeSecret(t, pwFile, first+"\n")
-		db := testenv.MySQL(t)
+		db := srv.CreateDatabase(t)
 		migrate(t, db.DSN)
 		v := consumeAll(t, b.broker)
-		p := newRelayProc(t, b.tlsArgs(db, b.url(user), "--amqp-password-file", pwFile)...)
+		p := newRelayProc(t, b.tlsArgs(t, db, b.url(user), "--amqp-password-file", pwFile)...)
 		p.start()
 		load := testload.Load{Producers: 2, Partitions: 4, Total: 200, Exchange: b.broker.Exchange}
 		testload.Produce(ctx, t, db.SQL, v, load)
@@ -133,10 +135,10 @@ func TestRunAMQPS(t *testing.T) {
 	t.Run("external", func(t *testing.T) {
 		ctx := testenv.Context(t, 2*time.Minute)
 		b.node.AddUser(t, tlsClientCN, "") // no password: EXTERNAL only
-		db := testenv.MySQL(t)
+		db := srv.CreateDatabase(t)
 		migrate(t, db.DSN)
 		v := consumeAll(t, b.broker)
-		p := newRelayProc(t, b.tlsArgs(db, b.url(""))...)
+		p := newRelayProc(t, b.tlsArgs(t, db, b.url(""))...)
 		p.start()
 		from := binlogPos(ctx, t, db)
 		testload.Produce(ctx, t, db.SQL, v, testload.Load{Producers: 2, Partitions: 4, Total: 200, Exchange: b.broker.Exchange})
@@ -178,18 +180,18 @@ func TestRunAMQPS(t *testing.T) {
 		want []string // in /readyz
 	}{
 		{"amqp_to_tls_port", func(db *testenv.DB) []string {
-			return relayArgs(db, b.broker, "--amqp-url", "amqp://guest:guest@"+b.node.TLSAddr()+"/")
+			return relayArgs(t, db, b.broker, "--amqp-url", "amqp://guest:guest@"+b.node.TLSAddr()+"/")
 		}, []string{"TLS", "amqps://"}},
 		{"wrong_ca", func(db *testenv.DB) []string {
-			return append(b.tlsArgs(db, b.url("guest:guest")), "--amqp-tls-ca", otherCA.CertFile)
+			return append(b.tlsArgs(t, db, b.url("guest:guest")), "--amqp-tls-ca", otherCA.CertFile)
 		}, []string{"TLS", "not signed by", "--amqp-tls-ca"}},
 		{"host_mismatch", func(db *testenv.DB) []string {
-			return b.tlsArgs(db, "amqps://guest:guest@"+b.node.TLSAddr()+"/")
+			return b.tlsArgs(t, db, "amqps://guest:guest@"+b.node.TLSAddr()+"/")
 		}, []string{"TLS", "127.0.0.1", "does not name"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := testenv.Context(t, time.Minute)
-			db := testenv.MySQL(t)
+			db := srv.CreateDatabase(t)
 			migrate(t, db.DSN)
 			p := newRelayProc(t, c.args(db)...)
 			p.start()
@@ -218,7 +220,7 @@ func TestRunAMQPS(t *testing.T) {
 // anything connects, naming the flag or the file and never a password or
 // the file's content.
 func TestCLIAMQPOptionsRefused(t *testing.T) {
-	bin := buildBinary(t)
+	bin := relayBinary(t)
 	dir := t.TempDir()
 	pwFile := filepath.Join(dir, "pw")
 	if err := os.WriteFile(pwFile, []byte("file-Secret-3e1d\n"), 0o600); err != nil {

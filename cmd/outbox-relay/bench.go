@@ -25,7 +25,12 @@ catch-up msg/s on a --backlog of --payload-bytes messages and its ratio to a bar
 amqp091 publisher with the same confirm window to the same queue, measured twice:
 into the queue with no consumer attached (until the queue holds every message,
 which are then consumed and checked), and to a consumer draining the queue;
-database queries per second while idle; relay CPU seconds and peak RSS. Each
+database queries per second while idle; relay CPU seconds and peak RSS. Then the
+catch-up --shapes (keys1000: 1,000 keys in transactions of 1-5 rows of one key;
+bulk100: 100 keys in transactions of 1-100 rows; keys10: 10 keys; hotkey: one key,
+whose ceiling is one message per confirm round trip), each beside the bare
+publisher at window 1000 and at window = keys, with the CPU seconds of the relay,
+the database server and the broker per 10,000 messages. Each
 figure is the median of --runs runs with min and max. 'make bench' starts a
 private binlog-enabled MariaDB for it.`,
 		setup: setupBench,
@@ -35,7 +40,7 @@ private binlog-enabled MariaDB for it.`,
 func setupBench(fs *flag.FlagSet) runFunc {
 	cfg := bench.Config{}
 	var asJSON bool
-	var modes string
+	var modes, shapes string
 	my := declareMySQL(fs, "root@tcp(127.0.0.1:3308)/bench", "binlog-enabled MySQL/MariaDB `dsn`; its outbox is emptied")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
 	fs.StringVar(&modes, "modes", "binlog,poll", "comma-separated relay modes to measure side by side")
@@ -45,6 +50,12 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	fs.IntVar(&cfg.PayloadBytes, "payload-bytes", 256, "payload size")
 	fs.IntVar(&cfg.Runs, "runs", 3, "runs; each figure is their median")
 	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", 256, "confirm window of each relay lane and of the bare publisher")
+	fs.StringVar(&cfg.QueueType, "queue-type", "classic", "type of the bench queue: classic (outbox-bench) or quorum (outbox-bench-quorum; give --amqp-url the cluster's nodes)")
+	fs.StringVar(&shapes, "shapes", strings.Join(bench.DefaultShapes, ","),
+		"comma-separated catch-up shapes to measure, each beside the bare publisher at window 1000 and at window = keys (empty: none)")
+	fs.IntVar(&cfg.ShapeBacklog, "shape-backlog", 50_000, "messages in each shape's backlog (the hot key: a fifth)")
+	fs.BoolVar(&cfg.ShapesOnly, "shapes-only", false, "measure the shapes alone: no latency, idle or --backlog catch-up")
+	fs.StringVar(&cfg.BaselineBinary, "baseline-binary", "", "another outbox-relay build whose catch-up of each shape is measured beside this one's, in the same run")
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of the table")
 	return func(ctx context.Context, inv *invocation) error {
 		if err := noArgs(inv, "bench"); err != nil {
@@ -60,6 +71,9 @@ func setupBench(fs *flag.FlagSet) runFunc {
 		cfg.RelayBinary = exe
 		cfg.MySQLDSN, cfg.MySQL = my.dsn, my.options()
 		cfg.Modes = strings.Split(modes, ",")
+		if shapes != "" {
+			cfg.Shapes = strings.Split(shapes, ",")
+		}
 		cfg.Progress = inv.stderr
 		res, err := bench.Run(ctx, cfg)
 		if err != nil {

@@ -40,69 +40,75 @@ acknowledgement overwrites the new value.
 
 Exit codes: 0 done, 1 a database failure, 2 bad usage, an unknown relay name
 or a refused request.`,
-		setup: setupCheckpoint,
+		subs:  []*subcommand{{"show", setupCheckpointShow}, {"set", setupCheckpointSet}},
+		noSub: "checkpoint: give one subcommand: show or set",
 	})
 }
 
-func setupCheckpoint(fs *flag.FlagSet) runFunc {
-	r := declareRead(fs, "the relay `name` whose checkpoint to show or set", "default")
+// declareCheckpoint declares the flags of both checkpoint sub-commands.
+func declareCheckpoint(fs *flag.FlagSet) *readFlags {
+	return declareRead(fs, "the relay `name` whose checkpoint to show or set", "default")
+}
+
+// checkpointArgs checks what show and set have in common: no arguments but
+// the sub-command, a relay name.
+func checkpointArgs(inv *invocation, r *readFlags) error {
+	if len(inv.args) != 0 {
+		return usagef("checkpoint: give one subcommand: show or set")
+	}
+	if r.relayName == "" {
+		return usagef("checkpoint: --relay-name is empty")
+	}
+	return nil
+}
+
+func setupCheckpointShow(fs *flag.FlagSet) runFunc {
+	r := declareCheckpoint(fs)
+	return func(ctx context.Context, inv *invocation) error {
+		if err := checkpointArgs(inv, r); err != nil {
+			return err
+		}
+		db, err := r.open(ctx)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		rows, err := checkpoint.ReadStatus(ctx, db, r.relayName, r.lease)
+		if err != nil {
+			return unknownRelay(err)
+		}
+		return printCheckpoint(inv.stdout, r.json, rows[0])
+	}
+}
+
+func setupCheckpointSet(fs *flag.FlagSet) runFunc {
+	r := declareCheckpoint(fs)
 	gtid := fs.String("gtid", "", "set: the new checkpoint as a GTID `set` (the server's syntax)")
 	file := fs.String("file", "", "set: the new checkpoint's binlog `file` (servers without GTIDs); with --pos")
 	pos := fs.Uint("pos", 0, "set: the offset in --file")
 	force := new(bool)
 	declareOverride(fs, force, "force", "set: even while a live leader delivers (its next acknowledgement overwrites the value)")
 	return func(ctx context.Context, inv *invocation) error {
-		args, given, err := parseInterleaved(fs, inv.args)
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(inv.stdout, commands["checkpoint"], fs)
-			return nil
+		if err := checkpointArgs(inv, r); err != nil {
+			return err
 		}
+		want := position.Position{GTIDSet: *gtid, File: *file, Pos: uint32(*pos)}
+		switch {
+		case (*gtid != "") == (*file != ""):
+			return usagef("checkpoint set: give --gtid SET or --file F --pos N")
+		case *file != "" && !inv.typed["pos"]:
+			return usagef("checkpoint set: --file needs --pos")
+		case *gtid != "" && inv.typed["pos"]:
+			return usagef("checkpoint set: --pos goes with --file, not --gtid")
+		case *pos > 1<<32-1:
+			return usagef("checkpoint set: --pos %d is too large", *pos)
+		}
+		db, err := r.open(ctx)
 		if err != nil {
-			return usagef("checkpoint: %v; run 'outbox-relay checkpoint --help'", err)
+			return err
 		}
-		if len(args) != 1 {
-			return usagef("checkpoint: give one subcommand: show or set")
-		}
-		if r.relayName == "" {
-			return usagef("checkpoint: --relay-name is empty")
-		}
-		switch args[0] {
-		case "show":
-			for _, f := range []string{"gtid", "file", "pos", "force"} {
-				if given[f] {
-					return usagef("checkpoint show does not take --%s", f)
-				}
-			}
-			db, err := r.open(ctx)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			rows, err := checkpoint.ReadStatus(ctx, db, r.relayName, r.lease)
-			if err != nil {
-				return unknownRelay(err)
-			}
-			return printCheckpoint(inv.stdout, r.json, rows[0])
-		case "set":
-			want := position.Position{GTIDSet: *gtid, File: *file, Pos: uint32(*pos)}
-			switch {
-			case (*gtid != "") == (*file != ""):
-				return usagef("checkpoint set: give --gtid SET or --file F --pos N")
-			case *file != "" && !given["pos"]:
-				return usagef("checkpoint set: --file needs --pos")
-			case *gtid != "" && given["pos"]:
-				return usagef("checkpoint set: --pos goes with --file, not --gtid")
-			case *pos > 1<<32-1:
-				return usagef("checkpoint set: --pos %d is too large", *pos)
-			}
-			db, err := r.open(ctx)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			return setCheckpoint(ctx, db, inv, r, want, *force)
-		}
-		return usagef("checkpoint: unknown subcommand %q: want show or set", args[0])
+		defer db.Close()
+		return setCheckpoint(ctx, db, inv, r, want, *force)
 	}
 }
 
@@ -149,12 +155,12 @@ func setCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFlag
 		zap.Stringer("new", want), zap.Int64("epoch", cur.Epoch), zap.Bool("force", force))
 	next := cur
 	next.Position, next.Mode = want, "binlog"
-	if r.json {
-		return printJSON(inv.stdout, map[string]any{"relay_name": cur.RelayName, "old": checkpointOf(cur), "new": checkpointOf(next)})
-	}
-	_, err = fmt.Fprintf(inv.stdout, "relay %s: checkpoint was %s\nrelay %s: checkpoint is  %s (mode binlog)\n",
-		cur.RelayName, checkpointText(checkpointOf(cur)), cur.RelayName, checkpointText(checkpointOf(next)))
-	return err
+	j := map[string]any{"relay_name": cur.RelayName, "old": checkpointOf(cur), "new": checkpointOf(next)}
+	return render(inv.stdout, r.json, j, func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "relay %s: checkpoint was %s\nrelay %s: checkpoint is  %s (mode binlog)\n",
+			cur.RelayName, checkpointText(checkpointOf(cur)), cur.RelayName, checkpointText(checkpointOf(next)))
+		return err
+	})
 }
 
 // checkpointShowJSON is `checkpoint show --json`.
@@ -171,13 +177,12 @@ type checkpointShowJSON struct {
 }
 
 func printCheckpoint(w io.Writer, asJSON bool, s checkpoint.RelayStatus) error {
-	j := checkpointShowJSON{RelayName: s.RelayName, Status: s.Status, Mode: s.Mode, ModeReason: orNull(s.ModeReason),
+	j := checkpointShowJSON{RelayName: s.RelayName, Status: s.Status, Mode: s.Mode, ModeReason: orNull(flagNames(s.ModeReason)),
 		Epoch: s.Epoch, Leader: leaderOf(s), Checkpoint: checkpointOf(s), LastEventAt: timeOrNull(s.LastEventAt),
 		UpdatedAt: timeOrNull(s.UpdatedAt)}
-	if asJSON {
-		return printJSON(w, j)
-	}
-	_, err := fmt.Fprintf(w, "relay       %s\ncheckpoint  %s\nstatus      %s\nmode        %s%s\nepoch       %d\nleader      %s\nlast event  %s\n",
-		j.RelayName, checkpointText(j.Checkpoint), j.Status, j.Mode, paren(j.ModeReason), j.Epoch, leaderText(j.Leader), timeText(j.LastEventAt))
-	return err
+	return render(w, asJSON, j, func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "relay       %s\ncheckpoint  %s\nstatus      %s\nmode        %s%s\nepoch       %d\nleader      %s\nlast event  %s\n",
+			j.RelayName, checkpointText(j.Checkpoint), j.Status, j.Mode, paren(j.ModeReason), j.Epoch, leaderText(j.Leader), timeText(j.LastEventAt))
+		return err
+	})
 }

@@ -13,19 +13,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// buildBinary builds outbox-relay into a temporary directory, with a version
-// stamped in as a release build would.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "outbox-relay")
-	cmd := exec.Command("go", "build", "-ldflags", "-X main.version=9.9.9-test", "-o", bin, ".")
-	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 type result struct {
 	code           int
 	stdout, stderr string
@@ -56,11 +43,11 @@ func runBinary(t *testing.T, bin string, env []string, args ...string) result {
 }
 
 func TestCLIMigrate(t *testing.T) {
-	bin := buildBinary(t)
+	bin := relayBinary(t)
 	db := testenv.MySQL(t)
 
 	r := runBinary(t, bin, nil, "migrate", "--mysql-dsn", db.DSN)
-	if r.code != 0 || r.stdout != "applied 0001_relay_tables\napplied 0001_outbox:outbox\napplied 0004_dedup_consumer\napplied 0005_progress_mode_reason\napplied 0006_pause_and_instances\napplied 0007_progress_failed_at\n" {
+	if r.code != 0 || r.stdout != "applied 0001_relay_tables\napplied 0001_outbox:outbox\napplied 0004_dedup_consumer\napplied 0005_progress_mode_reason\napplied 0006_pause_and_instances\napplied 0007_progress_failed_at\napplied 0008_progress_broker\n" {
 		t.Fatalf("first migrate: %+v", r)
 	}
 	if !strings.Contains(r.stderr, `"msg":"schema migrated"`) {
@@ -103,7 +90,7 @@ func TestCLIMigrate(t *testing.T) {
 }
 
 func TestCLIMigrateShapeMismatch(t *testing.T) {
-	bin := buildBinary(t)
+	bin := relayBinary(t)
 	db := testenv.MySQL(t)
 	if _, err := db.SQL.Exec("CREATE TABLE outbox (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, message_id BINARY(16) NOT NULL, partition_key VARCHAR(255) NOT NULL, exchange VARCHAR(255) NOT NULL, routing_key VARCHAR(100) NOT NULL)"); err != nil {
 		t.Fatal(err)
@@ -115,7 +102,7 @@ func TestCLIMigrateShapeMismatch(t *testing.T) {
 }
 
 func TestCLIUsageAndVersion(t *testing.T) {
-	bin := buildBinary(t)
+	bin := relayBinary(t)
 	r := runBinary(t, bin, nil, "migrate", "--bogus")
 	if r.code != 2 || !strings.Contains(r.stderr, "bogus") || strings.Count(r.stderr, "\n") != 1 {
 		t.Fatalf("bad flag: %+v", r)
@@ -131,7 +118,7 @@ func TestCLIUsageAndVersion(t *testing.T) {
 }
 
 func TestCLIMissingDatabase(t *testing.T) {
-	bin := buildBinary(t)
+	bin := relayBinary(t)
 	db := testenv.MySQL(t)
 	dsn := strings.Replace(db.DSN, "/"+db.Name, "/"+db.Name+"_missing", 1)
 	r := runBinary(t, bin, nil, "migrate", "--mysql-dsn", dsn)

@@ -31,6 +31,18 @@ type command struct {
 	// learn the flag names valid in a config file), so it must only declare
 	// flags, not act.
 	setup func(fs *flag.FlagSet) runFunc
+	// subs, for a command without setup, are its sub-commands (failed list,
+	// checkpoint set): the first argument names the one to run (runSub).
+	// noSub is the error when none is given.
+	subs  []*subcommand
+	noSub string
+}
+
+// subcommand is a leaf of a command: it declares its own flags (shared ones
+// through the same declare functions as every command) and runs with them.
+type subcommand struct {
+	name  string
+	setup func(fs *flag.FlagSet) runFunc
 }
 
 // runFunc runs a command once its flags are resolved. An error wrapped by
@@ -43,6 +55,10 @@ type invocation struct {
 	stdout io.Writer
 	stderr io.Writer
 	log    *zap.Logger
+	// typed are the flags given on the command line (not by the
+	// environment or the config file): before the first argument, and for
+	// a sub-command among its arguments too.
+	typed map[string]bool
 	// terminal: the process's stderr is a terminal (stderr above is a
 	// wrapper of it, never the *os.File itself).
 	terminal bool
@@ -115,6 +131,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, term
 		}
 		return usagef("%s: %v; run 'outbox-relay %s --help'", name, explainParseError(fs, err), name)
 	}
+	typed := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { typed[f.Name] = true })
 	if err := resolve(fs, lookupEnv, knownKeys()); err != nil {
 		return err
 	}
@@ -128,17 +146,104 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, term
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	return runner(ctx, &invocation{args: fs.Args(), stdout: stdout, stderr: stderr, log: log.With(zap.String("command", name)), terminal: terminal, secrets: secrets})
+	return runner(ctx, &invocation{args: fs.Args(), typed: typed, stdout: stdout, stderr: stderr, log: log.With(zap.String("command", name)), terminal: terminal, secrets: secrets})
 }
 
-// newFlagSet builds c's flag set with the common flags.
+// newFlagSet builds c's flag set with the common flags. The flag set of a
+// command with sub-commands is the union of theirs: what its help lists,
+// and what the environment and the config file may set; its runner is
+// runSub.
 func newFlagSet(c *command) (*flag.FlagSet, *commonFlags, runFunc) {
 	fs := flag.NewFlagSet("outbox-relay "+c.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported by dispatch, in one line
 	var common commonFlags
 	declareCommon(fs, &common)
-	runner := c.setup(fs)
-	return fs, &common, runner
+	if c.setup != nil {
+		return fs, &common, c.setup(fs)
+	}
+	for _, sub := range c.subs {
+		sfs := flag.NewFlagSet("", flag.ContinueOnError)
+		sub.setup(sfs)
+		sfs.VisitAll(func(f *flag.Flag) {
+			if fs.Lookup(f.Name) == nil {
+				fs.Var(f.Value, f.Name, f.Usage)
+			}
+		})
+	}
+	return fs, &common, func(ctx context.Context, inv *invocation) error { return runSub(ctx, c, fs, inv) }
+}
+
+// runSub runs the sub-command of c that inv's first argument names, on a
+// flag set of its own: the values the command's flag set (all) got from
+// before the sub-command, the environment or the config file, then the
+// flags after it and among its arguments. A flag of another sub-command
+// typed on the command line is refused; one from the environment or the
+// config file is not this sub-command's business and is ignored.
+func runSub(ctx context.Context, c *command, all *flag.FlagSet, inv *invocation) error {
+	if len(inv.args) == 0 {
+		return usagef("%s", c.noSub)
+	}
+	name := inv.args[0]
+	var sub *subcommand
+	names := make([]string, len(c.subs))
+	for i, s := range c.subs {
+		names[i] = s.name
+		if s.name == name {
+			sub = s
+		}
+	}
+	if sub == nil {
+		last := len(names) - 1
+		return usagef("%s: unknown subcommand %q: want %s or %s", c.name, name, strings.Join(names[:last], ", "), names[last])
+	}
+	fs := flag.NewFlagSet("outbox-relay "+c.name+" "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	declareCommon(fs, &commonFlags{}) // accepted here too; the log is set up already
+	runner := sub.setup(fs)
+	var err error
+	all.Visit(func(f *flag.Flag) {
+		switch {
+		case err != nil:
+		case fs.Lookup(f.Name) != nil:
+			if e := fs.Set(f.Name, f.Value.String()); e != nil {
+				err = usagef("%s %s: --%s: %v", c.name, name, f.Name, e)
+			}
+		case inv.typed[f.Name]:
+			err = usagef("%s %s does not take --%s", c.name, name, f.Name)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	args, given, err := parseInterleaved(fs, inv.args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		printUsage(inv.stdout, c, all)
+		return nil
+	}
+	if err != nil {
+		if f := undefinedFlag(err); f != "" && all.Lookup(f) != nil {
+			return usagef("%s %s does not take --%s", c.name, name, f)
+		}
+		return usagef("%s: %v; run 'outbox-relay %s --help'", c.name, explainParseError(fs, err), c.name)
+	}
+	leaf := *inv
+	leaf.args, leaf.typed = args, map[string]bool{}
+	for _, typed := range []map[string]bool{inv.typed, given} {
+		for f := range typed {
+			leaf.typed[f] = true
+		}
+	}
+	return runner(ctx, &leaf)
+}
+
+// undefinedFlag is the name in the flag package's error for a flag the
+// set does not declare, or "".
+func undefinedFlag(err error) string {
+	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: ")
+	if !ok {
+		return ""
+	}
+	return strings.TrimLeft(name, "-")
 }
 
 // knownKeys returns every flag name of every command: the keys a config
@@ -150,6 +255,15 @@ func knownKeys() map[string]bool {
 		fs.VisitAll(func(f *flag.Flag) { keys[f.Name] = true })
 	}
 	return keys
+}
+
+// isSet reports whether the flag name of fs was given: on the command line,
+// in the environment or in the config file (resolve sets those through
+// fs.Set). Call it once the flags are resolved, from a runFunc.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // noArgs is for commands that take no positional arguments.

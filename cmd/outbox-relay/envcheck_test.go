@@ -33,7 +33,7 @@ func TestUnknownEnvWarnings(t *testing.T) {
 
 // The binary warns on stderr and still runs the command.
 func TestCLIWarnsAboutMistypedEnv(t *testing.T) {
-	bin := buildBinary(t)
+	bin := relayBinary(t)
 	r := runBinary(t, bin, []string{"OUTBOX_RELAY_MYSQL_DNS=root:secret@tcp(127.0.0.1:1)/x"}, "version")
 	if r.code != 0 || !strings.Contains(r.stderr, "OUTBOX_RELAY_MYSQL_DNS is ignored") || !strings.Contains(r.stderr, "OUTBOX_RELAY_MYSQL_DSN") || strings.Contains(r.stderr, "secret") {
 		t.Fatalf("%+v", r)

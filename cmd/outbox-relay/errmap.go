@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"syscall"
 
 	"github.com/go-sql-driver/mysql"
@@ -60,4 +61,98 @@ func fixFor(err error) string {
 		return "no relay has run with this --relay-name yet: check the name (`outbox-relay status` lists the relays)"
 	}
 	return ""
+}
+
+// flagOfField is the one table from the Config fields the library's errors
+// name (Config.LeaderLease, ConnOptions.TLSCA) to the flags that set them:
+// the CLI prints the flag (--leader-lease) where the library names the
+// field. It returns "" for a field no flag sets.
+func flagOfField(field string) string {
+	switch field {
+	case "Config.MySQLDSN":
+		return "--mysql-dsn"
+	case "Config.MySQLPasswordFile":
+		return "--mysql-password-file"
+	case "Config.MySQLTLSCA":
+		return "--mysql-tls-ca"
+	case "Config.MySQLTLSCert":
+		return "--mysql-tls-cert"
+	case "Config.MySQLTLSKey":
+		return "--mysql-tls-key"
+	case "Config.AMQPURL":
+		return "--amqp-url"
+	case "ConnOptions.TLSCA":
+		return "--amqp-tls-ca"
+	case "ConnOptions.TLSCert":
+		return "--amqp-tls-cert"
+	case "ConnOptions.TLSKey":
+		return "--amqp-tls-key"
+	case "ConnOptions.PasswordFile":
+		return "--amqp-password-file"
+	case "Config.Table":
+		return "--table"
+	case "Config.RelayName":
+		return "--relay-name"
+	case "Config.ServerID":
+		return "--server-id"
+	case "Config.DefaultExchange":
+		return "--default-exchange"
+	case "Config.OnDelivered":
+		return "--on-delivered"
+	case "Config.Mode":
+		return "--mode"
+	case "Config.FallbackAfter":
+		return "--fallback-after"
+	case "Config.BinlogRetryInterval":
+		return "--binlog-retry-interval"
+	case "Config.PollInterval":
+		return "--poll-interval"
+	case "Config.PollBatch":
+		return "--poll-batch"
+	case "Config.PollWorkers":
+		return "--poll-workers"
+	case "Config.MaxInflightBytes":
+		return "--max-inflight-bytes"
+	case "Config.Lanes":
+		return "--lanes"
+	case "Config.ConfirmWindow":
+		return "--confirm-window"
+	case "Config.MaxAttempts":
+		return "--max-attempts"
+	case "Config.HeartbeatInterval":
+		return "--heartbeat-interval"
+	case "Config.LeaderLease":
+		return "--leader-lease"
+	case "Config.CheckpointInterval":
+		return "--checkpoint-interval"
+	case "Config.ShutdownTimeout":
+		return "--shutdown-timeout"
+	case "Config.AcceptLostGTIDs":
+		return "--accept-lost-gtids"
+	case "Config.StateFile":
+		return "--state-file"
+	case "Range.FromGTID":
+		return "--from-gtid"
+	case "Range.FromTime":
+		return "--from-time"
+	case "Range.ToGTID":
+		return "--to-gtid"
+	case "Range.ToTime":
+		return "--to-time"
+	}
+	return ""
+}
+
+// fieldName matches a Config field as the library's errors name it.
+var fieldName = regexp.MustCompile(`\b(?:Config|ConnOptions|Range)\.[A-Z][A-Za-z]*\b`)
+
+// flagNames rewrites the Config fields msg names into the flags that set
+// them (flagOfField); a field without a flag stays as it is.
+func flagNames(msg string) string {
+	return fieldName.ReplaceAllStringFunc(msg, func(field string) string {
+		if f := flagOfField(field); f != "" {
+			return f
+		}
+		return field
+	})
 }

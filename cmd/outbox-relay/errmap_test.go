@@ -11,7 +11,7 @@ import (
 // explainError: a wrong password, tables not migrated, a user without the
 // grants of its role, an unknown relay name.
 func TestCLIErrorsNameTheFix(t *testing.T) {
-	bin := buildBinary(t)
+	bin := relayBinary(t)
 	db := testenv.MySQL(t) // empty: migrate has not run
 	wrongPW := strings.Replace(db.DSN, "root@", "root:wrong-pw@", 1)
 	user := "nodd_" + randomHex(t, 4)

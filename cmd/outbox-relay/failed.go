@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -63,181 +62,154 @@ message; list shows "(not a UUID)") has only its row id.
 AGE is a Go duration (90m, 36h) or whole days (7d, 30d). --dry-run prints what
 retry or purge would change and changes nothing. Exit codes: 0 done, 1 runtime
 failure, 2 bad usage or a refused request.`,
-		setup: setupFailed,
+		subs:  []*subcommand{{"list", setupFailedList}, {"show", setupFailedShow}, {"retry", setupFailedRetry}, {"purge", setupFailedPurge}},
+		noSub: "failed: give a subcommand: list, show ID, retry ID... or purge --older-than AGE|ID...",
 	})
 }
 
-// failedFlags are the failed command's flags.
-type failedFlags struct {
-	o           *opsFlags
-	limit       *int
-	source      *string
-	all, dryRun *bool
-	older       *ageValue
-	batch       *batchFlags
+// declareFailed declares the flags every failed sub-command has.
+func declareFailed(fs *flag.FlagSet) *dbFlags { return declareOps(fs, "failed") }
+
+// declareDryRun declares --dry-run of failed retry and purge.
+func declareDryRun(fs *flag.FlagSet) *bool {
+	return fs.Bool("dry-run", false, "retry, purge: print what would change and change nothing")
 }
 
-// failedCall is one run of a failed subcommand: its ids, and run, which
-// checks the flags and the number of ids (need; -1: any), opens the
-// database and calls f.
-type failedCall struct {
-	ctx context.Context
-	inv *invocation
-	ids []string
-	run func(need int, flags []string, f func(db *sql.DB) error) error
-}
-
-func setupFailed(fs *flag.FlagSet) runFunc {
-	fl := &failedFlags{
-		o:      declareOps(fs, "failed"),
-		limit:  fs.Int("limit", 50, "list: at most this many messages, newest first"),
-		source: fs.String("source", "", "list: only messages given up by the relay or an inbox (relay|inbox)"),
-		all:    new(bool),
-		dryRun: fs.Bool("dry-run", false, "retry, purge: print what would change and change nothing"),
-		older:  &ageValue{},
+// failedRun checks that sub got need ids (-1: any number), opens the
+// database and calls f; a refusal of the maintenance package exits 2.
+func failedRun(ctx context.Context, o *dbFlags, sub string, ids []string, need int, f func(db *sql.DB) error) error {
+	if need >= 0 && len(ids) != need {
+		if need == 0 {
+			return usagef("failed %s takes no arguments, got %q", sub, ids[0])
+		}
+		return usagef("failed %s takes %d ID (a message id or a row id), got %d", sub, need, len(ids))
 	}
-	declareOverride(fs, fl.all, "all", "retry: every message in outbox_failed")
-	fs.Var(fl.older, "older-than", "purge: delete failures older than this `age`, "+ageHelp)
-	fl.batch = declareBatch(fs)
+	db, err := o.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return refusal(f(db))
+}
+
+func setupFailedList(fs *flag.FlagSet) runFunc {
+	o := declareFailed(fs)
+	limit := fs.Int("limit", 50, "list: at most this many messages, newest first")
+	source := fs.String("source", "", "list: only messages given up by the relay or an inbox (relay|inbox)")
+	return func(ctx context.Context, inv *invocation) error {
+		if *limit < 1 {
+			return usagef("failed list: --limit %d: want at least 1", *limit)
+		}
+		return failedRun(ctx, o, "list", inv.args, 0, func(db *sql.DB) error {
+			list, total, err := maintenance.ListFailed(ctx, db, maintenance.ListOptions{Limit: *limit, Source: *source})
+			if err != nil {
+				return err
+			}
+			return printFailedList(inv.stdout, o.json, list, total)
+		})
+	}
+}
+
+func setupFailedShow(fs *flag.FlagSet) runFunc {
+	o := declareFailed(fs)
+	return func(ctx context.Context, inv *invocation) error {
+		msgs, rows, err := parseFailedIDs(inv.args)
+		if err != nil {
+			return err
+		}
+		return failedRun(ctx, o, "show", inv.args, 1, func(db *sql.DB) error {
+			if len(rows) == 1 {
+				f, err := maintenance.ShowFailedRow(ctx, db, rows[0])
+				if err != nil {
+					return err
+				}
+				return printFailedShow(inv.stdout, o.json, f.MessageID, []maintenance.Failed{f})
+			}
+			list, err := maintenance.ShowFailed(ctx, db, msgs[0])
+			if err != nil {
+				return err
+			}
+			return printFailedShow(inv.stdout, o.json, msgs[0], list)
+		})
+	}
+}
+
+func setupFailedRetry(fs *flag.FlagSet) runFunc {
+	o := declareFailed(fs)
+	dryRun := declareDryRun(fs)
+	all := new(bool)
+	declareOverride(fs, all, "all", "retry: every message in outbox_failed")
+	return func(ctx context.Context, inv *invocation) error {
+		if *all == (len(inv.args) > 0) {
+			return usagef("failed retry: give IDs (message ids or row ids) or --all (not both)")
+		}
+		msgs, rows, err := parseFailedIDs(inv.args)
+		if err != nil {
+			return err
+		}
+		return failedRun(ctx, o, "retry", inv.args, -1, func(db *sql.DB) error {
+			res, err := maintenance.Retry(ctx, db, maintenance.RetryOptions{
+				Table: o.table, IDs: msgs, RowIDs: rows, All: *all, DryRun: *dryRun})
+			if perr := printRetry(inv.stdout, o.json, o.table, *dryRun, res); perr != nil && err == nil {
+				err = perr
+			}
+			return err
+		})
+	}
+}
+
+func setupFailedPurge(fs *flag.FlagSet) runFunc {
+	o := declareFailed(fs)
+	dryRun := declareDryRun(fs)
+	older := &ageValue{}
+	fs.Var(older, "older-than", "purge: delete failures older than this `age`, "+ageHelp)
+	batch := declareBatch(fs)
 	for _, name := range []string{"batch-size", "batch-pause"} {
 		f := fs.Lookup(name)
 		f.Usage = "purge only: " + f.Usage
 	}
 	return func(ctx context.Context, inv *invocation) error {
-		args, given, err := parseInterleaved(fs, inv.args)
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(inv.stdout, commands["failed"], fs)
-			return nil
+		if older.set == (len(inv.args) > 0) {
+			return usagef("failed purge: give IDs (message ids or row ids) or --older-than AGE, e.g. --older-than 30d (not both)")
 		}
-		if err != nil {
-			return usagef("failed: %v; run 'outbox-relay failed --help'", err)
-		}
-		if len(args) == 0 {
-			return usagef("failed: give a subcommand: list, show ID, retry ID... or purge --older-than AGE|ID...")
-		}
-		sub := args[0]
-		c := failedCall{ctx: ctx, inv: inv, ids: args[1:]}
-		c.run = func(need int, flags []string, f func(db *sql.DB) error) error {
-			for _, name := range []string{"limit", "source", "all", "dry-run", "older-than", "batch-size", "batch-pause"} {
-				if given[name] && !contains(flags, name) {
-					return usagef("failed %s does not take --%s", sub, name)
+		if len(inv.args) > 0 {
+			for _, f := range []string{"batch-size", "batch-pause"} {
+				if inv.typed[f] { // they size the batches of --older-than
+					return usagef("failed purge does not take --%s", f)
 				}
 			}
-			if need >= 0 && len(c.ids) != need {
-				if need == 0 {
-					return usagef("failed %s takes no arguments, got %q", sub, c.ids[0])
+			msgs, rows, err := parseFailedIDs(inv.args)
+			if err != nil {
+				return err
+			}
+			return failedRun(ctx, o, "purge", inv.args, -1, func(db *sql.DB) error {
+				list, err := maintenance.PurgeFailedIDs(ctx, db, maintenance.PurgeIDsOptions{IDs: msgs, RowIDs: rows, DryRun: *dryRun})
+				if err != nil {
+					return err
 				}
-				return usagef("failed %s takes %d ID (a message id or a row id), got %d", sub, need, len(c.ids))
-			}
-			db, err := fl.o.open(ctx)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			return refusal(f(db))
+				return printPurgedIDs(inv.stdout, o.json, *dryRun, list)
+			})
 		}
-		switch sub {
-		case "list":
-			return failedList(c, fl)
-		case "show":
-			return failedShow(c, fl)
-		case "retry":
-			return failedRetry(c, fl)
-		case "purge":
-			return failedPurge(c, fl)
-		}
-		return usagef("failed: unknown subcommand %q: want list, show, retry or purge", sub)
-	}
-}
-
-func failedList(c failedCall, fl *failedFlags) error {
-	if *fl.limit < 1 {
-		return usagef("failed list: --limit %d: want at least 1", *fl.limit)
-	}
-	return c.run(0, []string{"limit", "source"}, func(db *sql.DB) error {
-		list, total, err := maintenance.ListFailed(c.ctx, db, maintenance.ListOptions{Limit: *fl.limit, Source: *fl.source})
+		b, err := batch.batch(inv.log, "failed purge")
 		if err != nil {
 			return err
 		}
-		return printFailedList(c.inv.stdout, fl.o.json, list, total)
-	})
-}
-
-func failedShow(c failedCall, fl *failedFlags) error {
-	msgs, rows, err := parseFailedIDs(c.ids)
-	if err != nil {
-		return err
-	}
-	return c.run(1, nil, func(db *sql.DB) error {
-		if len(rows) == 1 {
-			f, err := maintenance.ShowFailedRow(c.ctx, db, rows[0])
+		return failedRun(ctx, o, "purge", inv.args, 0, func(db *sql.DB) error {
+			res, err := maintenance.PurgeFailed(ctx, db, maintenance.PurgeOptions{OlderThan: older.d, Batch: b, DryRun: *dryRun})
 			if err != nil {
 				return err
 			}
-			return printFailedShow(c.inv.stdout, fl.o.json, f.MessageID, []maintenance.Failed{f})
-		}
-		list, err := maintenance.ShowFailed(c.ctx, db, msgs[0])
-		if err != nil {
-			return err
-		}
-		return printFailedShow(c.inv.stdout, fl.o.json, msgs[0], list)
-	})
-}
-
-func failedRetry(c failedCall, fl *failedFlags) error {
-	if *fl.all == (len(c.ids) > 0) {
-		return usagef("failed retry: give IDs (message ids or row ids) or --all (not both)")
-	}
-	msgs, rows, err := parseFailedIDs(c.ids)
-	if err != nil {
-		return err
-	}
-	return c.run(-1, []string{"all", "dry-run"}, func(db *sql.DB) error {
-		res, err := maintenance.Retry(c.ctx, db, maintenance.RetryOptions{
-			Table: fl.o.table, IDs: msgs, RowIDs: rows, All: *fl.all, DryRun: *fl.dryRun})
-		if perr := printRetry(c.inv.stdout, fl.o.json, fl.o.table, *fl.dryRun, res); perr != nil && err == nil {
-			err = perr
-		}
-		return err
-	})
-}
-
-func failedPurge(c failedCall, fl *failedFlags) error {
-	if fl.older.set == (len(c.ids) > 0) {
-		return usagef("failed purge: give IDs (message ids or row ids) or --older-than AGE, e.g. --older-than 30d (not both)")
-	}
-	if len(c.ids) > 0 {
-		msgs, rows, err := parseFailedIDs(c.ids)
-		if err != nil {
-			return err
-		}
-		return c.run(-1, []string{"dry-run"}, func(db *sql.DB) error {
-			list, err := maintenance.PurgeFailedIDs(c.ctx, db, maintenance.PurgeIDsOptions{IDs: msgs, RowIDs: rows, DryRun: *fl.dryRun})
-			if err != nil {
-				return err
+			if o.json {
+				return printJSON(inv.stdout, deleteJSON(maintenance.FailedTable, *dryRun, res))
 			}
-			return printPurgedIDs(c.inv.stdout, fl.o.json, *fl.dryRun, list)
+			verb := "purged"
+			if *dryRun {
+				verb = "would purge"
+			}
+			_, err = fmt.Fprintf(inv.stdout, "%s %d failed %s that failed before %s\n", verb, res.Rows, plural(res.Rows, "message"), utcText(res.Cutoff))
+			return err
 		})
 	}
-	b, err := fl.batch.batch(c.inv.log, "failed purge")
-	if err != nil {
-		return err
-	}
-	return c.run(0, []string{"older-than", "dry-run", "batch-size", "batch-pause"}, func(db *sql.DB) error {
-		res, err := maintenance.PurgeFailed(c.ctx, db, maintenance.PurgeOptions{OlderThan: fl.older.d, Batch: b, DryRun: *fl.dryRun})
-		if err != nil {
-			return err
-		}
-		if fl.o.json {
-			return printJSON(c.inv.stdout, deleteJSON(maintenance.FailedTable, *fl.dryRun, res))
-		}
-		verb := "purged"
-		if *fl.dryRun {
-			verb = "would purge"
-		}
-		_, err = fmt.Fprintf(c.inv.stdout, "%s %d failed %s that failed before %s\n", verb, res.Rows, plural(res.Rows, "message"), utcText(res.Cutoff))
-		return err
-	})
 }
 
 func contains(list []string, s string) bool {

@@ -302,7 +302,7 @@ func TestCLIFailedRetryIsDeliveredInOrder(t *testing.T) {
 	opsExec(t, db, "INSERT INTO outbox (message_id, partition_key, routing_key, payload) VALUES (?, 'order-1', 'order.paid', '{\"n\":3}')", last[:])
 	want = append(want, last.String())
 
-	relay := newRelayProc(t, relayArgs(db, b, "--mode", "poll")...)
+	relay := newRelayProc(t, relayArgs(t, db, b, "--mode", "poll")...)
 	relay.start()
 	for len(got()) < len(want) {
 		if !relay.running() {
@@ -341,7 +341,7 @@ func TestCLIFailedRowsSameInBothModes(t *testing.T) {
 	for _, mode := range []string{"poll", "binlog"} {
 		db := opsDB(t)
 		b := testenv.RabbitMQ(t)
-		relay := newRelayProc(t, relayArgs(db, b, "--mode", mode)...)
+		relay := newRelayProc(t, relayArgs(t, db, b, "--mode", mode)...)
 		relay.start()
 		if mode == "binlog" {
 			relay.waitLog(ctx, "tailing the binlog") // the rows below come from the stream, not the first sweep
@@ -505,7 +505,7 @@ func TestCLIFailedRetryWithoutUUID(t *testing.T) {
 	}
 	v.Expect(want...)
 
-	relay := newRelayProc(t, relayArgs(db, b, "--mode", "poll")...)
+	relay := newRelayProc(t, relayArgs(t, db, b, "--mode", "poll")...)
 	relay.start()
 	if err := v.WaitComplete(ctx); err != nil {
 		t.Fatal(err)

@@ -171,7 +171,7 @@ func TestGrantsPerRole(t *testing.T) {
 	// A heartbeat far longer than the test: the leader stops for the pause
 	// before its first heartbeat only if pause woke it.
 	const heartbeat, lease = time.Minute, 3 * time.Minute
-	relay := newRelayProc(t, relayArgs(db, b, "--mysql-dsn", relayDSN, "--mode", "binlog",
+	relay := newRelayProc(t, relayArgs(t, db, b, "--mysql-dsn", relayDSN, "--mode", "binlog",
 		"--heartbeat-interval", heartbeat.String(), "--leader-lease", lease.String())...)
 	started := time.Now()
 	relay.start()
@@ -306,14 +306,14 @@ func testRunMarkGrants(ctx context.Context, t *testing.T, db *testenv.DB, b *tes
 			mark[i].privs = []string{"SELECT", "UPDATE"}
 		}
 	}
-	p := newRelayProc(t, relayArgs(db, b, "--mysql-dsn", roleUser(ctx, t, db, "g_mark", mark), "--mode", "binlog", "--on-delivered", "mark")...)
+	p := newRelayProc(t, relayArgs(t, db, b, "--mysql-dsn", roleUser(ctx, t, db, "g_mark", mark), "--mode", "binlog", "--on-delivered", "mark")...)
 	p.start()
 	p.waitLog(ctx, "tailing the binlog")
 	if code, _ := p.terminate(time.Minute); code != 0 {
 		t.Fatalf("relay with --on-delivered=mark and SELECT, UPDATE on the outbox: exit code %d", code)
 	}
 	mark[outboxGrant].privs = []string{"SELECT", "DELETE"}
-	p = newRelayProc(t, relayArgs(db, b, "--mysql-dsn", roleUser(ctx, t, db, "g_mark", mark), "--mode", "binlog", "--on-delivered", "mark")...)
+	p = newRelayProc(t, relayArgs(t, db, b, "--mysql-dsn", roleUser(ctx, t, db, "g_mark", mark), "--mode", "binlog", "--on-delivered", "mark")...)
 	code := p.runToExit(20 * time.Second)
 	if line := p.lastLine(); code != 2 || !strings.Contains(line, "lacks UPDATE on `"+db.Name+"`.`outbox` (delivered rows are marked") {
 		t.Fatalf("relay with --on-delivered=mark without UPDATE on the outbox: exit code %d, %s", code, line)
@@ -331,7 +331,7 @@ func testRunWithout(ctx context.Context, t *testing.T, db *testenv.DB, b *testen
 				less := slices.Clone(grants)
 				less[i].privs = slices.Delete(slices.Clone(g.privs), j, j+1)
 				dsn := roleUser(ctx, t, db, "g_less", less)
-				p := newRelayProc(t, relayArgs(db, b, "--mysql-dsn", dsn, "--mode", "binlog")...)
+				p := newRelayProc(t, relayArgs(t, db, b, "--mysql-dsn", dsn, "--mode", "binlog")...)
 				// Preflight failures exit within a second or two.
 				code := p.runToExit(20 * time.Second)
 				line := p.lastLine()

@@ -165,7 +165,7 @@ func TestCLIRunMaintenance(t *testing.T) {
 		opsRow(t, db, 0, 10*cliDay)
 	}
 	opsRow(t, db, 0, -1)
-	relay := newRelayProc(t, relayArgs(db, b, "--mode", "poll", "--on-delivered", "mark",
+	relay := newRelayProc(t, relayArgs(t, db, b, "--mode", "poll", "--on-delivered", "mark",
 		"--maintenance-interval", "1h", "--cleanup-older-than", "7d", "--lookahead", "9")...)
 	relay.start()
 	for {

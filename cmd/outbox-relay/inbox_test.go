@@ -109,7 +109,7 @@ func (c *countingConsumer) uncoveredTail(ctx context.Context, t *testing.T, db *
 	}
 	ids, err := testload.MessageIDsAfter(ctx, db.SQL, canal.Config{
 		Host: db.Host, Port: db.Port, User: db.User, Password: db.Password,
-		ServerID: nextRunServerID.Add(1), Schema: db.Name, Table: "outbox",
+		ServerID: testenv.ServerID(t), Schema: db.Name, Table: "outbox",
 	}, from)
 	if err != nil {
 		t.Fatal(err)

@@ -171,10 +171,10 @@ func startFailover(t *testing.T, ctx context.Context, db *testenv.DB, b *testenv
 	f.v = consumeAll(t, b)
 	f.seen = newEpochConsumer(t, b)
 	flags := append(leaderFlags(), extra...)
-	f.leader = newRelayProc(t, append(relayArgs(db, b, flags...), leaderOnly...)...)
+	f.leader = newRelayProc(t, append(relayArgs(t, db, b, flags...), leaderOnly...)...)
 	f.leader.start()
 	f.leader.waitLog(ctx, "leading")
-	f.standby = newRelayProc(t, relayArgs(db, b, flags...)...)
+	f.standby = newRelayProc(t, relayArgs(t, db, b, flags...)...)
 	f.standby.start()
 	f.standby.waitLog(ctx, "standby: another instance leads")
 	go func() {
@@ -220,8 +220,9 @@ func (f *failover) finish() int {
 // The leader is SIGKILLed under a producing stream: the standby takes over
 // within the lease, nothing is lost, order per key holds.
 func TestLeaderFailoverSIGKILL(t *testing.T) {
+	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
 	ctx := testenv.Context(t, 2*time.Minute)
-	db := testenv.MySQL(t)
+	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	f := startFailover(t, ctx, db, b, nil)
 	e1 := progressEpoch(ctx, t, db)
@@ -256,8 +257,9 @@ func TestLeaderFailoverSIGSTOPPoll(t *testing.T) { testLeaderFailoverSIGSTOP(t, 
 // testLeaderFailoverSIGSTOP is TestLeaderFailoverSIGSTOP with extra relay
 // flags.
 func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
+	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
 	ctx := testenv.Context(t, 2*time.Minute)
-	db := testenv.MySQL(t)
+	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	f := startFailover(t, ctx, db, b, nil, extra...)
 	e1 := progressEpoch(ctx, t, db)
@@ -305,8 +307,9 @@ func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 // then refuses connections: it stops publishing at once (it loses its lock
 // connection), the standby takes over, nothing is lost.
 func TestLeaderLosesLockConnection(t *testing.T) {
+	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
 	ctx := testenv.Context(t, 2*time.Minute)
-	db := testenv.MySQL(t)
+	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	proxy := testenv.Proxy(t, db.Host+":"+strconv.Itoa(db.Port))
 	dsn := strings.Replace(db.DSN, fmt.Sprintf("tcp(%s:%d)", db.Host, db.Port), "tcp("+proxy.Addr()+")", 1)
@@ -345,11 +348,12 @@ func TestLeaderLosesLockConnection(t *testing.T) {
 // may arrive after the first of the new leader's (which therefore must not
 // publish before the old lease has run out), and nothing is lost.
 func TestLeaderFailoverLockKilledWhileStopped(t *testing.T) {
+	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
 	// A longer lease than the other failover tests: the old leader is woken
 	// well inside it, after a standby had time to take the free lock.
 	const lease = 10 * time.Second
 	ctx := testenv.Context(t, 2*time.Minute)
-	db := testenv.MySQL(t)
+	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	amqpURL, err := url.Parse(b.URL)
 	if err != nil {

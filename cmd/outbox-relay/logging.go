@@ -28,8 +28,23 @@ func newLogger(format, level string, w io.Writer) (*zap.Logger, error) {
 	default:
 		return nil, usagef("--log-format %q: want json or console", format)
 	}
+	w = flagNamesWriter{w}
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core, zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w)))), nil
+}
+
+// flagNamesWriter passes each log entry (one Write) through flagNames: the
+// library's messages name Config fields, the operator reads flags.
+type flagNamesWriter struct{ w io.Writer }
+
+func (f flagNamesWriter) Write(p []byte) (int, error) {
+	if !fieldName.Match(p) {
+		return f.w.Write(p)
+	}
+	if _, err := io.WriteString(f.w, flagNames(string(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // logDefaults returns the log format and level command uses. run and bench

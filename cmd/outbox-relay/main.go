@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 		return exitOK
 	}
 	err = explainError(err)
-	fmt.Fprintf(stderr, "outbox-relay: %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+	fmt.Fprintf(stderr, "outbox-relay: %s\n", flagNames(strings.ReplaceAll(err.Error(), "\n", " ")))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		return exitUsage

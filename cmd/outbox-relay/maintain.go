@@ -1,16 +1,13 @@
 package main
 
 // What the housekeeping commands (failed, cleanup, dedup-cleanup,
-// partitions) share, and the maintenance `run --maintenance-interval` does
-// while it leads.
+// partitions) share, and run's flags for the maintenance its leader does
+// (maintenance.Round).
 
 import (
 	"context"
-	"database/sql"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +16,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/maintenance"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -91,28 +87,10 @@ func formatAge(d time.Duration) string {
 	return d.String()
 }
 
-// opsFlags are the flags every housekeeping command shares with run.
-type opsFlags struct {
-	mysql            *mysqlFlags
-	table, relayName string
-	json             bool
-}
-
-func declareOps(fs *flag.FlagSet, name string) *opsFlags {
-	o := &opsFlags{mysql: declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname")}
-	fs.StringVar(&o.table, "table", outbox.DefaultTable, "outbox table `name`")
-	fs.StringVar(&o.relayName, "relay-name", "default", "relay `name`; accepted like run's, though "+name+" works on tables every relay name shares")
-	fs.BoolVar(&o.json, "json", false, "print one JSON object for scripts instead of text for people")
-	return o
-}
-
-// open checks --table and connects to the database.
-func (o *opsFlags) open(ctx context.Context) (*sql.DB, error) {
-	if _, err := outbox.QuoteTable(o.table); err != nil {
-		return nil, usagef("--table: %v", err)
-	}
-	db, _, err := openMySQL(ctx, o.mysql)
-	return db, err
+// declareOps declares the flags of the housekeeping command name.
+func declareOps(fs *flag.FlagSet, name string) *dbFlags {
+	return declareDB(fs, "relay `name`; accepted like run's, though "+name+" works on tables every relay name shares",
+		relay.DefaultRelayName, "print one JSON object for scripts instead of text for people")
 }
 
 // batchFlags size the delete transactions of a cleanup.
@@ -153,12 +131,6 @@ func refusal(err error) error {
 		return &usageError{err}
 	}
 	return err
-}
-
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 // utcText prints a time for people.
@@ -270,63 +242,10 @@ func (m *maintenanceFlags) install(cfg *relay.Config, my *mysqlFlags, log *zap.L
 	}
 	db.SetMaxOpenConns(2)
 	db.SetConnMaxIdleTime(time.Minute)
-	log = log.Named("maintenance")
-	table, mark := cfg.Table, cfg.OnDelivered == "mark"
-	if table == "" {
-		table = outbox.DefaultTable
-	}
+	o := maintenance.RoundOptions{Table: cfg.Table, Mark: cfg.OnDelivered == "mark", CleanupAge: m.cleanupAge.d,
+		DedupAge: m.dedupAge.d, DedupFloor: floorOption(m.dedupFloor.d), Lookahead: m.lookahead, Retention: m.retention.d,
+		LockWait: m.lockWait, Logger: log.Named("maintenance")}
 	cfg.MaintenanceInterval = m.interval
-	cfg.Maintenance = func(ctx context.Context) { m.pass(ctx, db, table, mark, log) }
+	cfg.Maintenance = func(ctx context.Context) { maintenance.Round(ctx, db, o) }
 	return func() { db.Close() }, nil
-}
-
-// pass is one round of maintenance; failures are logged and the next
-// round tries again.
-func (m *maintenanceFlags) pass(ctx context.Context, db *sql.DB, table string, mark bool, log *zap.Logger) {
-	failed := func(what string, err error) {
-		if ctx.Err() == nil {
-			log.Warn(what+" failed; the next maintenance round tries again", zap.Error(err))
-		}
-	}
-	if mark && m.cleanupAge.d > 0 {
-		res, err := maintenance.CleanupDelivered(ctx, db, maintenance.CleanupOptions{Table: table, OlderThan: m.cleanupAge.d})
-		if err != nil {
-			failed("cleanup of delivered rows", err)
-		} else if res.Rows > 0 {
-			log.Info("deleted delivered rows", zap.String("table", table), zap.Int64("rows", res.Rows),
-				zap.Time("delivered_before", res.Cutoff))
-		}
-	}
-	if m.dedupAge.d > 0 {
-		res, err := maintenance.DedupCleanup(ctx, db, maintenance.DedupCleanupOptions{OlderThan: m.dedupAge.d, Floor: floorOption(m.dedupFloor.d)})
-		if err != nil {
-			failed("cleanup of inbox records", err)
-		} else if res.Rows > 0 {
-			log.Info("deleted inbox records", zap.Int64("rows", res.Rows), zap.Time("processed_before", res.Cutoff))
-		}
-	}
-	partitioned, err := maintenance.IsPartitioned(ctx, db, table)
-	if err != nil {
-		failed("partition upkeep", err)
-		return
-	}
-	if !partitioned {
-		return
-	}
-	rep, err := maintenance.Partitions(ctx, db, maintenance.PartitionOptions{Table: table, Lookahead: m.lookahead,
-		Retention: m.retention.d, LockWait: m.lockWait})
-	switch {
-	case err != nil:
-		failed("partition upkeep", err)
-	case rep.Skipped:
-		log.Info("partition upkeep skipped: another process is at it", zap.String("table", table))
-	default:
-		for _, k := range rep.Kept {
-			log.Warn("partition past the retention kept: it holds undelivered rows", zap.String("table", table),
-				zap.String("partition", k.Name), zap.Int64("pending_rows", k.Pending))
-		}
-		if len(rep.Added)+len(rep.Dropped) > 0 {
-			log.Info("partitions kept up", zap.String("table", table), zap.Strings("added", rep.Added), zap.Strings("dropped", rep.Dropped))
-		}
-	}
 }

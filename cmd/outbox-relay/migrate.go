@@ -23,11 +23,11 @@ func init() {
 outbox_failed, outbox_relay_instances, message_deduplication and
 message_inbox_attempts, upgrades tables made by earlier versions in place
 (created_at's default computed in UTC, the inbox's consumer column, the progress
-row's pause columns and failed_at), and records the applied versions in
-outbox_relay_migrations. Prints each version it applied, or "schema is up to
-date". Never drops anything and never loses rows. An existing table whose
-columns differ from what the relay needs is refused with a message naming the
-column (exit code 1). The DSN's database must exist.
+row's pause columns, failed_at, broker and confirms_stalled_at), and records the
+applied versions in outbox_relay_migrations. Prints each version it applied, or
+"schema is up to date". Never drops anything and never loses rows. An existing
+table whose columns differ from what the relay needs is refused with a message
+naming the column (exit code 1). The DSN's database must exist.
 
 --partitioned creates the outbox table range-partitioned by UTC day on
 created_at, with a pmax partition at the end; it matters only when the table
@@ -38,7 +38,8 @@ is created (docs/tables.md).`,
 
 func setupMigrate(fs *flag.FlagSet) runFunc {
 	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` in go-sql-driver form user:pass@tcp(host:port)/dbname; the database must exist")
-	table := fs.String("table", outbox.DefaultTable, "outbox table `name`")
+	table := new(string)
+	declareTable(fs, table)
 	partitioned := fs.Bool("partitioned", false, "create the outbox table range-partitioned by day on created_at")
 	return func(ctx context.Context, inv *invocation) error {
 		if err := noArgs(inv, "migrate"); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // mysqlFlags are the flags of the MySQL connection, declared by
@@ -29,8 +30,51 @@ func declareMySQL(fs *flag.FlagSet, defaultDSN, dsnHelp string) *mysqlFlags {
 	fs.StringVar(&m.tlsCA, "mysql-tls-ca", "", "PEM `file` of the CA that signed the MySQL server's certificate: TLS, verifying the certificate and the DSN's host name")
 	fs.StringVar(&m.tlsCert, "mysql-tls-cert", "", "PEM `file` of the client certificate to present (users created REQUIRE X509); with --mysql-tls-key; turns TLS on")
 	fs.StringVar(&m.tlsKey, "mysql-tls-key", "", "PEM `file` of the private key of --mysql-tls-cert")
-	fs.StringVar(&m.passwordFile, "mysql-password-file", "", "`file` holding the MySQL password (a trailing newline is ignored), read again at every new connection, so a rotated password needs no restart; the DSN then has none")
+	fs.StringVar(&m.passwordFile, "mysql-password-file", "", "`file` holding the MySQL password (trailing line breaks are ignored), read again at every new connection, so a rotated password needs no restart; the DSN then has none")
 	return m
+}
+
+// declareTable declares --table, the outbox table, into p.
+func declareTable(fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, "table", outbox.DefaultTable, "outbox table `name`")
+}
+
+// declareRelayName declares --relay-name into p; help says what the
+// command does with it.
+func declareRelayName(fs *flag.FlagSet, p *string, def, help string) {
+	fs.StringVar(p, "relay-name", def, help)
+}
+
+// declareJSON declares --json into p; help says what it prints.
+func declareJSON(fs *flag.FlagSet, p *bool, help string) {
+	fs.BoolVar(p, "json", false, help)
+}
+
+// dbFlags are the flags of a command that works on the relay's tables:
+// the connection, the outbox table, the relay name and --json.
+type dbFlags struct {
+	mysql            *mysqlFlags
+	table, relayName string
+	json             bool
+}
+
+// declareDB declares the flags of dbFlags; relayHelp, relayDefault and
+// jsonHelp say what the command does with them.
+func declareDB(fs *flag.FlagSet, relayHelp, relayDefault, jsonHelp string) *dbFlags {
+	d := &dbFlags{mysql: declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname")}
+	declareTable(fs, &d.table)
+	declareRelayName(fs, &d.relayName, relayDefault, relayHelp)
+	declareJSON(fs, &d.json, jsonHelp)
+	return d
+}
+
+// open checks --table and connects to the database.
+func (d *dbFlags) open(ctx context.Context) (*sql.DB, error) {
+	if _, err := outbox.QuoteTable(d.table); err != nil {
+		return nil, usagef("--table: %v", err)
+	}
+	db, _, err := openMySQL(ctx, d.mysql)
+	return db, err
 }
 
 // options are the flags as mysqlconn takes them.
@@ -63,11 +107,7 @@ func openMySQL(ctx context.Context, m *mysqlFlags) (*sql.DB, string, error) {
 	if t.DBName() == "" {
 		return nil, "", usagef("--mysql-dsn %q names no database; add it after the slash: user:pass@tcp(host:port)/dbname", redact.DSN(m.dsn))
 	}
-	db, err := t.OpenDB(func(cfg *mysql.Config) {
-		if cfg.Timeout == 0 {
-			cfg.Timeout = 10 * time.Second // dial timeout; the OS default can be minutes
-		}
-	})
+	db, err := t.OpenDB(mysqlconn.DialTimeout)
 	if err != nil {
 		return nil, "", usagef("%v", err)
 	}

@@ -97,10 +97,12 @@ func testMetricsMove(t *testing.T, mode string) {
 	migrate(t, db.DSN)
 	ctx := testenv.Context(t, 3*time.Minute)
 	v := consumeAll(t, b)
-	p := newRelayProc(t, relayArgs(db, b, "--mode", mode)...)
+	p := newRelayProc(t, relayArgs(t, db, b, "--mode", mode)...)
 	p.start()
 	if mode == "binlog" {
-		p.waitLog(ctx, "tailing the binlog")
+		// The message itself: "delivered pending rows before tailing the
+		// binlog" comes first, before the relay is ready.
+		p.waitLog(ctx, "\ttailing the binlog\t")
 	} else {
 		p.waitLog(ctx, "polling the outbox table")
 	}
@@ -144,7 +146,7 @@ func TestRunReadyzFollowsTheDatabase(t *testing.T) {
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	ctx := testenv.Context(t, 3*time.Minute)
-	p := newRelayProc(t, relayArgs(db, b, "--heartbeat-interval", "500ms")...)
+	p := newRelayProc(t, relayArgs(t, db, b, "--heartbeat-interval", "500ms")...)
 	p.start()
 	p.waitLog(ctx, "tailing the binlog")
 	base := p.metricsURL(ctx)
@@ -175,14 +177,14 @@ func TestRunReadyzFollowsTheDatabase(t *testing.T) {
 }
 
 // The bench in its short mode: the JSON parses and every figure of both
-// modes is present and non-zero.
+// modes is present and non-zero, and so is each catch-up shape's.
 func TestBenchShortModeJSON(t *testing.T) {
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
 	ctx := testenv.Context(t, 5*time.Minute)
 	url := testenv.RabbitMQ(t).URL
 	cmd := exec.CommandContext(ctx, relayBinary(t), "bench", "--mysql-dsn", db.DSN, "--amqp-url", url,
-		"--backlog", "2000", "--duration", "2s", "--runs", "1", "--json")
+		"--backlog", "2000", "--duration", "2s", "--runs", "1", "--shape-backlog", "500", "--json")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -193,6 +195,12 @@ func TestBenchShortModeJSON(t *testing.T) {
 		BareMsgsPerS     map[string]float64                       `json:"bare_publisher_msgs_per_s"`
 		BareLiveMsgsPerS map[string]float64                       `json:"bare_publisher_live_consumer_msgs_per_s"`
 		Modes            map[string]map[string]map[string]float64 `json:"modes"`
+		Shapes           []struct {
+			Shape    string                                   `json:"shape"`
+			Bare1000 map[string]float64                       `json:"bare_window_1000_msgs_per_s"`
+			BareKeys map[string]float64                       `json:"bare_window_keys_msgs_per_s"`
+			Modes    map[string]map[string]map[string]float64 `json:"modes"`
+		} `json:"shapes"`
 	}
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("bench JSON: %v\n%s", err, out)
@@ -212,6 +220,21 @@ func TestBenchShortModeJSON(t *testing.T) {
 			for _, k := range []string{"median", "min", "max"} {
 				if m[f][k] <= 0 {
 					t.Errorf("%s %s.%s = %v, want a positive figure", mode, f, k, m[f][k])
+				}
+			}
+		}
+	}
+	if len(res.Shapes) != 4 {
+		t.Fatalf("bench JSON has %d shapes, want keys1000, bulk100, keys10, hotkey:\n%s", len(res.Shapes), out)
+	}
+	for _, s := range res.Shapes {
+		if s.Bare1000["median"] <= 0 || s.BareKeys["median"] <= 0 {
+			t.Errorf("shape %s: bare publisher figure missing or zero: %v, window = keys %v", s.Shape, s.Bare1000, s.BareKeys)
+		}
+		for _, mode := range []string{"binlog", "poll"} {
+			for _, f := range []string{"msgs_per_s", "ratio_to_bare_window_1000", "ratio_to_bare_window_keys", "relay_peak_rss_mib"} {
+				if v := s.Modes[mode][f]["median"]; v <= 0 {
+					t.Errorf("shape %s %s %s = %v, want a positive figure", s.Shape, mode, f, v)
 				}
 			}
 		}

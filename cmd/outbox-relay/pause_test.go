@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"strconv"
@@ -41,7 +42,7 @@ func testPauseResume(t *testing.T, mode string) {
 	// leadership, so a leader that stops before then noticed the pause
 	// only because pause woke it.
 	const heartbeat, lease = time.Minute, 3 * time.Minute
-	p := newRelayProc(t, relayArgs(db, b, "--mode", mode, "--heartbeat-interval", heartbeat.String(), "--leader-lease", lease.String())...)
+	p := newRelayProc(t, relayArgs(t, db, b, "--mode", mode, "--heartbeat-interval", heartbeat.String(), "--leader-lease", lease.String())...)
 	started := time.Now()
 	p.start()
 	base := p.metricsURL(ctx)
@@ -204,7 +205,7 @@ func TestCLIPauseWithoutLeader(t *testing.T) {
 
 	v := consumeAll(t, b)
 	testload.Produce(ctx, t, db.SQL, v, testload.Load{Producers: 1, Partitions: 4, Total: 40, Exchange: b.Exchange})
-	p := newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
+	p := newRelayProc(t, relayArgs(t, db, b, leaderFlags()...)...)
 	p.start()
 	p.waitLog(ctx, "paused by an operator")
 	s = statusOf(t, db)
@@ -231,11 +232,11 @@ func TestCLIPauseWithoutLeader(t *testing.T) {
 // A pause and a SIGTERM while a fresh relay delivers the rows pending at its
 // first start (the sweep before it tails the binlog) each let the poll rounds
 // under way finish: what they published is acknowledged, so neither repeats
-// anything. 30,000 rows pending; pause once 2,000 have arrived; resume;
+// anything. 15,000 rows pending; pause once 2,000 have arrived; resume;
 // SIGTERM after 5,000 more; start again: every message exactly once, in
 // order per partition key.
 func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
-	const total = 30_000
+	const total = 15_000
 	ctx := testenv.Context(t, 5*time.Minute)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
@@ -244,7 +245,7 @@ func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
 	testload.Produce(ctx, t, db.SQL, v, testload.Load{
 		Producers: 4, Partitions: 200, Total: total, BigTxn: 500, BigShare: 0.5, Exchange: b.Exchange,
 	})
-	p := newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
+	p := newRelayProc(t, relayArgs(t, db, b, leaderFlags()...)...)
 	p.start()
 	// inSweep fails the test when the relay has finished the sweep: a stop
 	// after it proves nothing here.
@@ -301,7 +302,13 @@ func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
 		{"transaction", "the transaction being read did not end within --shutdown-timeout", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			const total = 20_000
+			// Enough rows that the stop, once 1,000 have arrived, cuts the
+			// work under way: 20,000 in one transaction; 6,000 pending (the
+			// sweep's rounds are 500 rows).
+			total := 20_000
+			if tc.pending {
+				total = 6_000
+			}
 			ctx := testenv.Context(t, 4*time.Minute)
 			db := testenv.MySQL(t)
 			b := testenv.RabbitMQ(t)
@@ -313,7 +320,7 @@ func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
 				load = testload.Load{Producers: 4, Partitions: 200, Total: total, BigTxn: 500, BigShare: 0.5, Exchange: b.Exchange}
 				testload.Produce(ctx, t, db.SQL, v, load)
 			}
-			p := newRelayProc(t, relayArgs(db, b, append(leaderFlags(),
+			p := newRelayProc(t, relayArgs(t, db, b, append(leaderFlags(),
 				"--amqp-url", proxied, "--shutdown-timeout", "2s")...)...)
 			p.start()
 			if !tc.pending {
@@ -326,6 +333,12 @@ func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
 			}
 			waitUnique(ctx, t, v, p, 1_000)
 			proxy.Stall()
+			if tc.pending {
+				// A round must be under way at the stop, else the stop
+				// comes between rounds and cuts nothing: wait for one
+				// holding messages the stalled broker does not answer.
+				waitInflight(ctx, t, p.metricsURL(ctx))
+			}
 			p.signal(syscall.SIGTERM)
 			p.waitLog(ctx, tc.warn)
 			proxy.Unstall() // lets the exit close its broker connections
@@ -423,6 +436,21 @@ func TestCLIPauseAgainAfterLeaderLeft(t *testing.T) {
 		r := ops(t, db, args...)
 		if r.code != 0 || strings.Contains(r.stderr, "panic") || !strings.Contains(r.stdout, "PAUSED") && !strings.Contains(r.stdout, "paused") {
 			t.Errorf("%v: %+v", args, r)
+		}
+	}
+}
+
+// waitInflight waits until the relay holds messages the broker has not
+// answered (outbox_relay_inflight_messages above 0).
+func waitInflight(ctx context.Context, t *testing.T, base string) {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for metricValue(t, base, "outbox_relay_inflight_messages") == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no message in flight behind the stalled broker: %v", ctx.Err())
+		case <-tick.C:
 		}
 	}
 }

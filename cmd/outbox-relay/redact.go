@@ -2,7 +2,6 @@ package main
 
 import (
 	"flag"
-	"os"
 	"strings"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
@@ -34,10 +33,8 @@ func passwords(fs *flag.FlagSet) []string {
 		case secretFlag(f.Name):
 			out = append(out, redact.Passwords(f.Value.String())...)
 		case strings.HasSuffix(f.Name, "-password-file") && f.Value.String() != "":
-			if data, err := os.ReadFile(f.Value.String()); err == nil {
-				if p := strings.TrimRight(string(data), "\r\n"); p != "" {
-					out = append(out, p)
-				}
+			if p, err := redact.ReadPasswordFile(f.Value.String()); err == nil {
+				out = append(out, p)
 			}
 		}
 	})

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/position"
 	"github.com/outbox-relay/outbox-relay/replay"
 )
@@ -90,8 +88,8 @@ func declareReplay(fs *flag.FlagSet) (config func() (replay.Config, error), asJS
 	asJSON = new(bool)
 	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT and SELECT on outbox_relay_progress")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
-	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
-	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name` whose current epoch the messages carry in x-relay-epoch (read only)")
+	declareTable(fs, &cfg.Table)
+	declareRelayName(fs, &cfg.RelayName, "default", "relay `name` whose current epoch the messages carry in x-relay-epoch (read only)")
 	fs.StringVar(&cfg.DefaultExchange, "default-exchange", "", "`exchange` for rows whose exchange column is empty")
 	fs.UintVar(&serverID, "replay-server-id", 0, "replica server `id` the replay reads the binlog as; must differ from the relay's --server-id and every other replica's (0 = a random id in 7464000..8463999)")
 	fs.StringVar(&cfg.Range.FromGTID, "from-gtid", "", "start after this GTID `set` (a position, like a checkpoint)")
@@ -104,7 +102,7 @@ func declareReplay(fs *flag.FlagSet) (config func() (replay.Config, error), asJS
 	fs.StringVar(&cfg.Exchange, "exchange", "", "publish every message to this `exchange` instead of its own")
 	fs.BoolVar(&cfg.DryRun, "dry-run", false, "publish nothing; report what would be published")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "at most `N` messages per second (0 = unlimited; else at least 0.001)")
-	fs.BoolVar(asJSON, "json", false, "print the summary as a JSON object")
+	declareJSON(fs, asJSON, "print the summary as a JSON object")
 	return func() (replay.Config, error) {
 		if serverID > 1<<32-1 {
 			return replay.Config{}, usagef("--replay-server-id %d: at most %d", serverID, uint32(1<<32-1))
@@ -354,9 +352,7 @@ func writeReplayJSON(w io.Writer, s *replay.Summary) error {
 	for _, f := range s.Failures {
 		j.Failures = append(j.Failures, failureJSON{f.MessageID, f.OutboxID, f.Outcome, f.Reason})
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(j); err != nil {
+	if err := printJSON(w, j); err != nil {
 		return fmt.Errorf("write the summary: %w", err)
 	}
 	return nil

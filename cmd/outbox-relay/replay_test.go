@@ -135,7 +135,7 @@ func TestReplayWhileRelayRuns(t *testing.T) {
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	c := newSplitConsumer(t, b)
-	relay := newRelayProc(t, relayArgs(db, b)...)
+	relay := newRelayProc(t, relayArgs(t, db, b)...)
 	relay.start()
 	relay.waitLog(ctx, "tailing the binlog")
 

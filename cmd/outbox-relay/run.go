@@ -8,16 +8,14 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/outbox-relay/outbox-relay/publish"
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -48,129 +46,178 @@ role", lists every command's).`,
 
 func setupRun(fs *flag.FlagSet) runFunc {
 	var cfg relay.Config
-	maxInflight := byteSize(64 << 20)
+	maxInflight := byteSize(relay.DefaultMaxInflightBytes)
 	var serverID uint
 	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user's grants: docs/operations.md, Grants per role")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
-	fs.StringVar(&cfg.Table, "table", outbox.DefaultTable, "outbox table `name`")
-	fs.StringVar(&cfg.RelayName, "relay-name", "default", "relay `name`: one leader per name, one progress row per name")
+	declareTable(fs, &cfg.Table)
+	declareRelayName(fs, &cfg.RelayName, relay.DefaultRelayName, "relay `name`: one leader per name, one progress row per name")
 	fs.UintVar(&serverID, "server-id", 0, "replica server `id` the relay reads the binlog as; unique among the server's replicas (0 = derived from --relay-name)")
 	fs.StringVar(&cfg.DefaultExchange, "default-exchange", "", "`exchange` for rows whose exchange column is empty; it, and every exchange a row names, must exist with a queue bound (the relay declares none; a message to a missing exchange goes to outbox_failed)")
-	fs.StringVar(&cfg.OnDelivered, "on-delivered", "delete", "what happens to a delivered row: delete or mark (sets delivered_at)")
-	fs.StringVar(&cfg.Mode, "mode", "auto", "auto (binlog when the server serves it, else poll), binlog, or poll")
-	fs.DurationVar(&cfg.FallbackAfter, "fallback-after", 30*time.Second, "auto: binlog trouble lasting this long while the database answers switches to poll mode")
-	fs.DurationVar(&cfg.BinlogRetryInterval, "binlog-retry-interval", 30*time.Second, "auto: while polling, how often the binlog is probed again")
-	fs.DurationVar(&cfg.PollInterval, "poll-interval", 100*time.Millisecond, "poll: how long an idle worker waits before polling again")
-	fs.IntVar(&cfg.PollBatch, "poll-batch", 500, "poll: rows one worker claims per transaction")
-	fs.IntVar(&cfg.PollWorkers, "poll-workers", 2, "poll: workers, each with its own AMQP channel and database transaction")
-	fs.Var(&maxInflight, "max-inflight-bytes", "`bytes` of messages read but not yet acknowledged (e.g. 64MiB); when full, reading stops")
-	fs.IntVar(&cfg.Lanes, "lanes", 2, "publishing lanes (AMQP channels); rows of one partition key share a lane (raise for a far broker: a lane carries at most --confirm-window messages per round trip)")
-	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", 256, "unconfirmed messages per lane")
-	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 5, "broker nacks before a message goes to outbox_failed")
-	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", 30*time.Second, "how often an idle relay moves its stored position past other tables' transactions")
-	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 2*time.Second, "leadership heartbeat")
-	fs.DurationVar(&cfg.LeaderLease, "leader-lease", 10*time.Second, "a leader whose heartbeat is older than this is taken over by a standby, and a new leader whose predecessor did not stop cleanly publishes only once its heartbeat is this old; at least 3 heartbeat intervals")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a stop (SIGTERM, pause) waits for the work under way (the transaction being read, poll rounds, in-flight confirms) before cutting it; a cut is logged with the messages that will be published again")
+	fs.StringVar(&cfg.OnDelivered, "on-delivered", relay.DefaultOnDelivered, "what happens to a delivered row: delete or mark (sets delivered_at)")
+	fs.StringVar(&cfg.Mode, "mode", relay.DefaultMode, "auto (binlog when the server serves it, else poll), binlog, or poll")
+	fs.DurationVar(&cfg.FallbackAfter, "fallback-after", relay.DefaultFallbackAfter, "auto: binlog trouble lasting this long while the database answers switches to poll mode")
+	fs.DurationVar(&cfg.BinlogRetryInterval, "binlog-retry-interval", relay.DefaultBinlogRetryInterval, "auto: while polling, how often the binlog is probed again")
+	fs.DurationVar(&cfg.PollInterval, "poll-interval", relay.DefaultPollInterval, "poll: how long an idle worker waits before polling again")
+	fs.IntVar(&cfg.PollBatch, "poll-batch", relay.DefaultPollBatch, "poll: rows one worker claims per transaction")
+	fs.IntVar(&cfg.PollWorkers, "poll-workers", relay.DefaultPollWorkers, "poll: workers, each with its own AMQP channel and database transaction")
+	fs.Var(&maxInflight, "max-inflight-bytes", "`bytes` of messages read but not yet acknowledged, parked ones included (e.g. 16MiB); when full, reading stops")
+	fs.IntVar(&cfg.Lanes, "lanes", relay.DefaultLanes, "publishing lanes (AMQP channels); rows of one partition key share a lane (raise for a far broker: a lane carries at most --confirm-window messages per round trip)")
+	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", relay.DefaultConfirmWindow, "messages on the wire (sent, unconfirmed) per lane; messages parked behind their key count in --max-inflight-bytes only")
+	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "broker nacks before a message goes to outbox_failed")
+	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", relay.DefaultCheckpointInterval, "how often an idle relay moves its stored position past other tables' transactions")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", relay.DefaultHeartbeatInterval, "leadership heartbeat")
+	fs.DurationVar(&cfg.LeaderLease, "leader-lease", relay.DefaultLeaderLease, "a leader whose heartbeat is older than this is taken over by a standby, and a new leader whose predecessor did not stop cleanly publishes only once its heartbeat is this old; at least 3 heartbeat intervals; unset, 5 heartbeat intervals when that is longer than the default")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", relay.DefaultShutdownTimeout, "how long a stop (SIGTERM, pause) waits for the work under way (the transaction being read, poll rounds, in-flight confirms) before cutting it; a cut is logged with the messages that will be published again")
 	declareOverride(fs, &cfg.AcceptLostGTIDs, "accept-lost-gtids", "resume on a server that lacks GTIDs this relay already published (a lossy failover): deliver what is pending there and tail from its own position")
 	fs.StringVar(&cfg.StateFile, "state-file", "", "`path` of a local file keeping the newest position this process published, so that a restarted process still detects a lossy failover (empty: memory only; one file per relay name)")
 	tracing := fs.Bool("tracing", false, "export one OpenTelemetry span per published message over OTLP/HTTP, in the producer's trace; configured by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, ...; docs/operations.md, Tracing)")
 	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")
 	maint := declareMaintenance(fs)
-	return func(ctx context.Context, inv *invocation) error {
-		if err := noArgs(inv, "run"); err != nil {
-			return err
-		}
-		if serverID > 1<<32-1 {
-			return usagef("--server-id %d: at most %d", serverID, uint32(1<<32-1))
-		}
-		if err := checkAMQP(cfg.AMQPURL, cfg.AMQPOptions); err != nil {
-			return err
-		}
-		cfg.ServerID = uint32(serverID)
-		cfg.MySQLDSN, cfg.MySQLPasswordFile = my.dsn, my.passwordFile
-		cfg.MySQLTLSCA, cfg.MySQLTLSCert, cfg.MySQLTLSKey = my.tlsCA, my.tlsCert, my.tlsKey
-		cfg.MaxInflightBytes = int64(maxInflight)
-		cfg.Logger = inv.log
-		// go-sql-driver logs dropped connections on its own to stderr; keep
-		// its lines in our log, at debug: the relay reports what matters.
-		_ = mysql.SetLogger(driverLog{inv.log.Named("mysql-driver")})
-		closeMaintenance, err := maint.install(&cfg, my, inv.log)
-		if err != nil {
-			return err
-		}
-		defer closeMaintenance()
-		var (
-			reg *prometheus.Registry
-			ln  net.Listener
-		)
-		if *metricsAddr != "" {
-			var err error
-			if reg, cfg.Metrics, err = metrics.NewRegistry(); err != nil {
-				return fmt.Errorf("set up metrics: %w", err)
-			}
-			// Bind before anything else: a taken port is reported at once.
-			if ln, err = metrics.Listen(*metricsAddr); err != nil {
-				return err
-			}
-		}
-		if *tracing {
-			tracer, stopTracing, err := startTracing(ctx, inv.log)
-			if err != nil {
-				if ln != nil {
-					ln.Close()
-				}
-				return err
-			}
-			defer stopTracing()
-			cfg.Tracer = tracer
-		}
-		r, err := relay.New(cfg)
-		if err != nil {
-			if ln != nil {
-				ln.Close()
-			}
-			return asUsage(err)
-		}
-		defer r.Close()
-		httpDone := make(chan error, 1)
-		httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	f := &runFlags{fs: fs, cfg: &cfg, maxInflight: &maxInflight, serverID: &serverID, my: my, tracing: tracing,
+		metricsAddr: metricsAddr, maint: maint}
+	return f.run
+}
+
+// runFlags are run's flags once declared: the relay's Config and what run
+// adds around the relay (metrics, tracing, maintenance).
+type runFlags struct {
+	fs          *flag.FlagSet
+	cfg         *relay.Config
+	maxInflight *byteSize
+	serverID    *uint
+	my          *mysqlFlags
+	tracing     *bool
+	metricsAddr *string
+	maint       *maintenanceFlags
+}
+
+// run runs the relay until ctx ends, with its HTTP endpoints, tracing and
+// maintenance when the flags ask for them.
+func (f *runFlags) run(ctx context.Context, inv *invocation) error {
+	cfg, err := f.config(inv)
+	if err != nil {
+		return err
+	}
+	// go-sql-driver logs dropped connections on its own to stderr; keep
+	// its lines in our log, at debug: the relay reports what matters.
+	_ = mysql.SetLogger(driverLog{inv.log.Named("mysql-driver")})
+	closeMaintenance, err := f.maint.install(&cfg, f.my, inv.log)
+	if err != nil {
+		return err
+	}
+	defer closeMaintenance()
+	reg, ln, err := f.listen(&cfg)
+	if err != nil {
+		return err
+	}
+	closeListener := func() {
 		if ln != nil {
-			// /readyz quotes errors of the broker and the database client.
-			ready := func() error {
-				if err := r.Ready(); err != nil {
-					return errors.New(redact.Scrub(err.Error(), *inv.secrets))
-				}
-				return nil
-			}
-			go func() { httpDone <- metrics.ServeListener(httpCtx, ln, reg, ready, inv.log.Named("http")) }()
-		} else {
-			httpDone <- nil
+			ln.Close()
 		}
-		// HTTP outlives the relay's shutdown so /metrics can be scraped
-		// while in-flight confirms finish.
-		defer func() {
-			stopHTTP()
-			if err := <-httpDone; err != nil {
-				inv.log.Warn("metrics endpoint", zap.Error(err))
-			}
-		}()
-		inv.log.Info("starting", zap.String("relay", cfg.RelayName), zap.String("table", cfg.Table),
-			zap.String("mysql", redact.DSN(cfg.MySQLDSN)), zap.String("amqp", redact.URL(cfg.AMQPURL)))
-		if err := r.Run(ctx); err != nil {
-			return asUsage(err)
+	}
+	if *f.tracing {
+		tracer, stopTracing, err := startTracing(ctx, inv.log)
+		if err != nil {
+			closeListener()
+			return err
 		}
-		inv.log.Info("stopped")
+		defer stopTracing()
+		cfg.Tracer = tracer
+	}
+	r, err := relay.New(cfg)
+	if err != nil {
+		closeListener()
+		return asUsage(err)
+	}
+	defer r.Close()
+	// HTTP outlives the relay's shutdown so /metrics can be scraped while
+	// in-flight confirms finish.
+	defer serveHTTP(ctx, ln, reg, r, inv)()
+	inv.log.Info("starting", zap.String("relay", cfg.RelayName), zap.String("table", cfg.Table),
+		zap.String("mysql", redact.DSN(cfg.MySQLDSN)), zap.String("amqp", redact.URL(cfg.AMQPURL)))
+	if err := r.Run(ctx); err != nil {
+		return asUsage(err)
+	}
+	inv.log.Info("stopped")
+	return nil
+}
+
+// config checks the flags and returns the relay's Config they make.
+func (f *runFlags) config(inv *invocation) (relay.Config, error) {
+	if err := noArgs(inv, "run"); err != nil {
+		return relay.Config{}, err
+	}
+	if *f.serverID > 1<<32-1 {
+		return relay.Config{}, usagef("--server-id %d: at most %d", *f.serverID, uint32(1<<32-1))
+	}
+	cfg := *f.cfg
+	if err := checkAMQP(cfg.AMQPURL, cfg.AMQPOptions); err != nil {
+		return relay.Config{}, err
+	}
+	cfg.ServerID = uint32(*f.serverID)
+	cfg.MySQLDSN, cfg.MySQLPasswordFile = f.my.dsn, f.my.passwordFile
+	cfg.MySQLTLSCA, cfg.MySQLTLSCert, cfg.MySQLTLSKey = f.my.tlsCA, f.my.tlsCert, f.my.tlsKey
+	cfg.MaxInflightBytes = int64(*f.maxInflight)
+	if !isSet(f.fs, "leader-lease") {
+		cfg.LeaderLease = 0 // the library's default follows the heartbeat
+	}
+	cfg.Logger = inv.log
+	return cfg, nil
+}
+
+// listen makes the metrics registry and binds --metrics-addr, before
+// anything else so that a taken port is reported at once; with the flag
+// empty there is neither.
+func (f *runFlags) listen(cfg *relay.Config) (*prometheus.Registry, net.Listener, error) {
+	if *f.metricsAddr == "" {
+		return nil, nil, nil
+	}
+	reg, m, err := metrics.NewRegistry()
+	if err != nil {
+		return nil, nil, fmt.Errorf("set up metrics: %w", err)
+	}
+	ln, err := metrics.Listen(*f.metricsAddr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	cfg.Metrics = m
+	return reg, ln, nil
+}
+
+// serveHTTP serves /metrics, /healthz and /readyz of r on ln (nil: none)
+// until stop is called; stop waits for the server to end.
+func serveHTTP(ctx context.Context, ln net.Listener, reg *prometheus.Registry, r *relay.Relay, inv *invocation) (stop func()) {
+	if ln == nil {
+		return func() {}
+	}
+	// /readyz quotes errors of the broker and the database client.
+	ready := func() error {
+		if err := r.Ready(); err != nil {
+			return errors.New(flagNames(redact.Scrub(err.Error(), *inv.secrets)))
+		}
+		if node := r.BrokerNode(); node != "" {
+			return metrics.ReadyNote("publishing to RabbitMQ node " + node)
+		}
 		return nil
+	}
+	done := make(chan error, 1)
+	httpCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() { done <- metrics.ServeListener(httpCtx, ln, reg, ready, inv.log.Named("http")) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			inv.log.Warn("metrics endpoint", zap.Error(err))
+		}
 	}
 }
 
-// checkAMQPURL refuses, as bad usage, a URL the AMQP client cannot dial:
-// another scheme (http://, the management port's), or one that does not
-// parse. The message shows the wanted form and never the password, nor a
-// piece of it that the parser cut out.
+// checkAMQPURL refuses, as bad usage, an --amqp-url the AMQP client cannot
+// dial: one URL or several separated by commas, none empty, each amqp:// or
+// amqps:// (publish.SplitURLs; no password in the message).
 func checkAMQPURL(raw string) error {
-	if _, err := amqp.ParseURI(raw); err != nil {
-		return usagef("--amqp-url %q: %v; the form is amqp://user:pass@host:5672/vhost (amqps:// for TLS)", redact.URL(raw), redact.ParseError(err, raw))
+	if _, err := publish.SplitURLs(raw); err != nil {
+		return usagef("%v", err)
 	}
 	return nil
 }

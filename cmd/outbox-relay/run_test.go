@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,8 +33,9 @@ var relayBin struct {
 	err  error
 }
 
-// relayBinary builds outbox-relay once per test binary, like buildBinary
-// does per test. The directory is named like testenv's private server
+// relayBinary builds outbox-relay once per test binary, with a version
+// stamped in as a release build would; every test runs that one build (a
+// build per test cost 5-10 s each on 2 cores). The directory is named like testenv's private server
 // directories (os.TempDir()/outbox-testenv-<pid>-…), so testenv.Main removes
 // it at the next run once this process is gone.
 func relayBinary(t *testing.T) string {
@@ -60,12 +60,6 @@ func relayBinary(t *testing.T) string {
 	}
 	return relayBin.path
 }
-
-// nextRunServerID gives each relay of this test binary its own replica id;
-// restarts of one relay keep theirs (same flags).
-var nextRunServerID atomic.Uint32
-
-func init() { nextRunServerID.Store(810_000) }
 
 // relayProc is one relay subprocess, started and stopped as often as a test
 // likes with the same arguments. Output of every start is appended to one
@@ -99,11 +93,21 @@ func newRelayProc(t *testing.T, args ...string) *relayProc {
 	return p
 }
 
+// privateDB gives a test that runs in parallel (t.Parallel) a database on a
+// server of its own: a relay's leadership lock, GET_LOCK('outbox-relay:<relay
+// name>'), is server-wide, so relays of tests running at once on the shared
+// server would contend for one lock (and a test killing the lock's holder
+// could hit another test's relay).
+func privateDB(t testing.TB) *testenv.DB {
+	t.Helper()
+	return testenv.StartServer(t, testenv.ServerOptions{}).CreateDatabase(t)
+}
+
 // relayArgs are the flags of a relay on db publishing to b.
-func relayArgs(db *testenv.DB, b *testenv.Broker, extra ...string) []string {
+func relayArgs(t testing.TB, db *testenv.DB, b *testenv.Broker, extra ...string) []string {
 	return append([]string{
 		"--mysql-dsn", db.DSN, "--amqp-url", b.URL, "--default-exchange", b.Exchange,
-		"--server-id", strconv.FormatUint(uint64(nextRunServerID.Add(1)), 10),
+		"--server-id", strconv.FormatUint(uint64(testenv.ServerID(t)), 10),
 		"--checkpoint-interval", "1s", "--log-format", "console", "--metrics-addr", "127.0.0.1:0",
 	}, extra...)
 }
@@ -336,6 +340,7 @@ func outboxRows(ctx context.Context, t *testing.T, db *testenv.DB) int {
 // empty. Duplicates (the unacknowledged tails) are allowed and logged.
 func TestRunSurvivesSIGKILL(t *testing.T) {
 	const total, kills = 50_000, 5
+	const killLease, killHeartbeat = 2 * time.Second, 500 * time.Millisecond
 	ctx := testenv.Context(t, 8*time.Minute)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
@@ -347,7 +352,10 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 	// A third queue is consumed through the inbox: the kills' duplicates
 	// must not become duplicate effects.
 	inbox := startInboxEffects(ctx, t, db, b, b.DeclareQueue(t, "#"))
-	relay := newRelayProc(t, relayArgs(db, b)...)
+	// Each restart waits out the killed leader's lease before it publishes:
+	// a short one (the test is not about its length) instead of the default
+	// 10 s, 5 times.
+	relay := newRelayProc(t, relayArgs(t, db, b, "--leader-lease", killLease.String(), "--heartbeat-interval", killHeartbeat.String())...)
 	relay.start()
 	began := time.Now()
 
@@ -451,7 +459,7 @@ func TestRunSIGTERMIsClean(t *testing.T) {
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	v := consumeAll(t, b)
-	relay := newRelayProc(t, relayArgs(db, b, "--shutdown-timeout", shutdownTimeout.String())...)
+	relay := newRelayProc(t, relayArgs(t, db, b, "--shutdown-timeout", shutdownTimeout.String())...)
 	relay.start()
 	relay.waitLog(ctx, "tailing the binlog")
 
@@ -516,7 +524,7 @@ func TestRunSIGTERMWithBrokerUnreachable(t *testing.T) {
 	if err := testload.Run(ctx, db.SQL, v, testload.Load{Producers: 2, Partitions: 10, Total: total, Exchange: b.Exchange}); err != nil {
 		t.Fatal(err)
 	}
-	cut := newRelayProc(t, relayArgs(db, b, "--mode", "poll", "--shutdown-timeout", "5m",
+	cut := newRelayProc(t, relayArgs(t, db, b, "--mode", "poll", "--shutdown-timeout", "5m",
 		"--amqp-url", "amqp://guest:guest@127.0.0.1:1/")...)
 	cut.start()
 	cut.waitLog(ctx, "cannot connect to the AMQP broker")
@@ -528,7 +536,7 @@ func TestRunSIGTERMWithBrokerUnreachable(t *testing.T) {
 		t.Fatalf("%d rows in the outbox after the stop, want all %d", n, total)
 	}
 
-	relay := newRelayProc(t, relayArgs(db, b, "--mode", "poll")...)
+	relay := newRelayProc(t, relayArgs(t, db, b, "--mode", "poll")...)
 	relay.start()
 	if err := v.WaitComplete(ctx); err != nil {
 		t.Fatal(err)
@@ -562,7 +570,7 @@ func TestRunBigTransactionBoundedMemory(t *testing.T) {
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	c := newCountingConsumer(t, b, b.Queue)
-	relay := newRelayProc(t, relayArgs(db, b, "--max-inflight-bytes=32MiB")...)
+	relay := newRelayProc(t, relayArgs(t, db, b, "--max-inflight-bytes=32MiB")...)
 	relay.start()
 	relay.waitLog(ctx, "tailing the binlog") // the rows come from the binlog, not the first-start sweep
 	epochAtStart := progressEpoch(ctx, t, db)
@@ -733,10 +741,11 @@ func (c *countingConsumer) waitUnique(ctx context.Context, t *testing.T, n int) 
 // default --mode auto a server that cannot serve the binlog is not an error,
 // the relay polls instead (docs/operations.md, "Modes").
 func TestRunPreflightFailures(t *testing.T) {
+	t.Parallel() // servers of its own; mostly waits for leases and exits
 	ctx := testenv.Context(t, 4*time.Minute)
 	b := testenv.RabbitMQ(t)
 	binlogRelay := func(t *testing.T, db *testenv.DB, extra ...string) *relayProc {
-		return newRelayProc(t, relayArgs(db, b, append([]string{"--mode", "binlog"}, extra...)...)...)
+		return newRelayProc(t, relayArgs(t, db, b, append([]string{"--mode", "binlog"}, extra...)...)...)
 	}
 
 	expect := func(t *testing.T, p *relayProc, wantCode int, want ...string) {

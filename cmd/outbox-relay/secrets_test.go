@@ -314,7 +314,7 @@ func leakSession(t *testing.T, scan *leakScanner, bin string, s *leakSetup) {
 	ops("cleanup", "--older-than", "1d")
 	ops("dedup-cleanup", "--older-than", "30d")
 	ops("partitions", "--once")
-	ops("bench", "--modes", "poll", "--runs", "1", "--backlog", "50", "--duration", "1s", "--latency-rate", "50")
+	ops("bench", "--modes", "poll", "--runs", "1", "--backlog", "50", "--duration", "1s", "--latency-rate", "50", "--shapes", "")
 }
 
 // exchange is the exchange the relay and replay publish to.
@@ -337,7 +337,7 @@ func leakRelay(ctx context.Context, t *testing.T, scan *leakScanner, s *leakSetu
 		v = consumeAll(t, s.broker)
 	}
 	p := newRelayProc(t, "--mysql-dsn", s.dsn, "--amqp-url", s.amqpURL, "--default-exchange", s.exchange(),
-		"--server-id", strconv.FormatUint(uint64(nextRunServerID.Add(1)), 10), "--log-format", "console",
+		"--server-id", strconv.FormatUint(uint64(testenv.ServerID(t)), 10), "--log-format", "console",
 		"--log-level", "debug", "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "5s")
 	if s.relay == nil {
 		p.runToExit(45 * time.Second)

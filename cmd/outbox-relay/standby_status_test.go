@@ -38,16 +38,17 @@ func standbyNamed(s statusJSON, instance string) *standbyJSON {
 // alive once its heartbeat is older than the lease, while the other stays
 // alive; a standby stopped with SIGTERM disappears from the list.
 func TestStatusShowsStandbys(t *testing.T) {
+	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
 	ctx := testenv.Context(t, 2*time.Minute)
-	db := testenv.MySQL(t)
+	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 
-	leader := newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
+	leader := newRelayProc(t, relayArgs(t, db, b, leaderFlags()...)...)
 	leader.start()
 	leader.waitLog(ctx, "leading")
-	sb1 := newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
-	sb2 := newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
+	sb1 := newRelayProc(t, relayArgs(t, db, b, leaderFlags()...)...)
+	sb2 := newRelayProc(t, relayArgs(t, db, b, leaderFlags()...)...)
 	sb1.start()
 	sb2.start()
 	sb1.waitLog(ctx, "standby: another instance leads")
@@ -83,9 +84,9 @@ func TestStatusShowsStandbys(t *testing.T) {
 	sb1.kill()
 	killed := time.Now()
 	// The bounded wait is the assertion: the killed standby beat at most
-	// lease/4 before the kill, so it shows as not alive within the lease
-	// (plus slack for a loaded machine). Meanwhile the other standby, which
-	// beats every lease/4, must stay alive in every reading.
+	// 4/5 of the lease before the kill, so it shows as not alive within the
+	// lease (plus slack for a loaded machine). Meanwhile the other standby,
+	// which beats every 4/5 of the lease, must stay alive in every reading.
 	wctx, cancel := context.WithTimeout(ctx, testLease+10*time.Second)
 	defer cancel()
 	for {

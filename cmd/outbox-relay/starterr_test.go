@@ -50,7 +50,7 @@ func TestCLIRunBeforeMigrate(t *testing.T) {
 	b := testenv.RabbitMQ(t)
 	t.Run("no_tables", func(t *testing.T) {
 		db := testenv.MySQL(t)
-		expectExit(t, newRelayProc(t, relayArgs(db, b)...), 2,
+		expectExit(t, newRelayProc(t, relayArgs(t, db, b)...), 2,
 			[]string{"outbox_relay_progress", "does not exist", "outbox-relay migrate"}, nil)
 	})
 	t.Run("no_outbox_table", func(t *testing.T) {
@@ -59,7 +59,7 @@ func TestCLIRunBeforeMigrate(t *testing.T) {
 		if _, err := db.SQL.Exec("DROP TABLE outbox"); err != nil {
 			t.Fatal(err)
 		}
-		expectExit(t, newRelayProc(t, relayArgs(db, b, "--mode", "poll")...), 2,
+		expectExit(t, newRelayProc(t, relayArgs(t, db, b, "--mode", "poll")...), 2,
 			[]string{`"outbox"`, "does not exist", "outbox-relay migrate"}, nil)
 	})
 	// Tables of an older version: a column a later migration adds is missing.
@@ -69,7 +69,7 @@ func TestCLIRunBeforeMigrate(t *testing.T) {
 		if _, err := db.SQL.Exec("ALTER TABLE outbox_relay_progress DROP COLUMN paused_epoch"); err != nil {
 			t.Fatal(err)
 		}
-		expectExit(t, newRelayProc(t, relayArgs(db, b, "--mode", "poll")...), 2,
+		expectExit(t, newRelayProc(t, relayArgs(t, db, b, "--mode", "poll")...), 2,
 			[]string{"outbox_relay_progress", "paused_epoch", "is missing", "outbox-relay migrate"}, nil)
 	})
 }
@@ -82,27 +82,34 @@ func TestCLIRunStateFileUnwritable(t *testing.T) {
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	path := filepath.Join(t.TempDir(), "missing", "state.json")
-	expectExit(t, newRelayProc(t, relayArgs(db, b, "--state-file", path)...), 2, []string{path, "cannot write"}, nil)
+	expectExit(t, newRelayProc(t, relayArgs(t, db, b, "--state-file", path)...), 2, []string{path, "cannot write"}, nil)
 }
 
 // TestCLIRunBadAMQPURL: a URL that is not amqp:// or amqps:// or does not
-// parse is bad usage, reported before connecting, without the password.
+// parse, also as one of a cluster's several, is bad usage, reported before
+// connecting, without the password; so is an empty element of a list.
 func TestCLIRunBadAMQPURL(t *testing.T) {
 	db := testenv.MySQL(t)
-	for _, url := range []string{
-		"http://guest:sekret-pw@127.0.0.1:15672/",
-		"amqp://guest:sekret-pw@127.0.0.1:notaport/",
+	for _, c := range []struct {
+		url  string
+		want []string
+	}{
+		{"http://guest:sekret-pw@127.0.0.1:15672/", []string{"--amqp-url", "amqp://user:pass@host:5672/vhost"}},
+		{"amqp://guest:sekret-pw@127.0.0.1:notaport/", []string{"--amqp-url", "amqp://user:pass@host:5672/vhost"}},
+		// A cluster's second node given without its scheme.
+		{"amqp://guest:sekret-pw@127.0.0.1:5672/,127.0.0.2:5672", []string{"--amqp-url", "each URL with its scheme"}},
+		{"amqp://guest:sekret-pw@127.0.0.1:5672/,,amqp://guest:sekret-pw@127.0.0.2:5672/", []string{"URL 2 of 3 is empty", "remove the extra comma"}},
+		{"amqp://guest:sekret-pw@127.0.0.1:5672/,", []string{"URL 2 of 2 is empty"}},
 	} {
-		args := append(relayArgs(db, &testenv.Broker{}), "--amqp-url", url)
-		expectExit(t, newRelayProc(t, args...), 2,
-			[]string{"--amqp-url", "amqp://user:pass@host:5672/vhost"}, []string{"sekret-pw"})
+		args := append(relayArgs(t, db, &testenv.Broker{}), "--amqp-url", c.url)
+		expectExit(t, newRelayProc(t, args...), 2, c.want, []string{"sekret-pw"})
 	}
 }
 
 // TestCLIDurationNeedsUnit: a duration without a unit says a unit is needed
 // and where the value came from (flag, environment variable, config file).
 func TestCLIDurationNeedsUnit(t *testing.T) {
-	bin := buildBinary(t)
+	bin := relayBinary(t)
 	r := runBinary(t, bin, nil, "run", "--poll-interval", "5")
 	if r.code != 2 || !strings.Contains(r.stderr, "-poll-interval") || !strings.Contains(r.stderr, "needs a unit") || !strings.Contains(r.stderr, "5s") {
 		t.Fatalf("flag: %+v", r)
@@ -129,7 +136,7 @@ func TestCLIRunMySQLRefused(t *testing.T) {
 	b := testenv.RabbitMQ(t)
 	addr := fmt.Sprintf("%s:%d", db.Host, db.Port)
 	run := func(dsn string) *relayProc {
-		return newRelayProc(t, append(relayArgs(db, b), "--mysql-dsn", dsn)...)
+		return newRelayProc(t, append(relayArgs(t, db, b), "--mysql-dsn", dsn)...)
 	}
 	t.Run("access_denied", func(t *testing.T) {
 		expectExit(t, run(fmt.Sprintf("%s:sekret-pw@tcp(%s)/%s", db.User, addr, db.Name)), 2,
@@ -148,9 +155,12 @@ func TestCLIRunMySQLRefused(t *testing.T) {
 // TestRunKeepsLeadershipWhileBrokerFails: a broker that refuses the
 // password or the vhost, or a closed port, is retried, in either mode, while the relay keeps leadership:
 // the epoch stays, outbox_relay_reconnects_total{target="amqp"} counts the
+// failed attempts (with the node dialled),
 // failed attempts, and /readyz names the broker (password masked) and the
 // cause.
 func TestRunKeepsLeadershipWhileBrokerFails(t *testing.T) {
+	t.Parallel() // a server of its own; mostly waits for reconnects
+	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	b := testenv.RabbitMQ(t)
 	u, err := amqp.ParseURI(b.URL)
 	if err != nil {
@@ -178,14 +188,18 @@ func TestRunKeepsLeadershipWhileBrokerFails(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := testenv.Context(t, time.Minute)
-			db := testenv.MySQL(t)
+			db := srv.CreateDatabase(t)
 			migrate(t, db.DSN)
-			p := newRelayProc(t, relayArgs(db, b, "--mode", c.mode, "--amqp-url", c.url)...)
+			p := newRelayProc(t, relayArgs(t, db, b, "--mode", c.mode, "--amqp-url", c.url)...)
 			p.start()
 			base := p.metricsURL(ctx)
 			p.waitLog(ctx, "leading")
 			epoch := progressEpoch(ctx, t, db)
-			const sample = `outbox_relay_reconnects_total{target="amqp"}`
+			cu, err := amqp.ParseURI(c.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sample := fmt.Sprintf(`outbox_relay_reconnects_total{node=%q,target="amqp"}`, net.JoinHostPort(cu.Host, strconv.Itoa(cu.Port)))
 			// Four failed dials span at least 0.1+0.2+0.4 s of backoff:
 			// a relay that gave up leadership on a failed dial would have
 			// done so by then.
@@ -222,6 +236,11 @@ func TestRunKeepsLeadershipWhileBrokerFails(t *testing.T) {
 				}
 				if e := progressEpoch(ctx, t, db); e != epoch {
 					t.Errorf("epoch went from %d to %d before the broker came back", epoch, e)
+				}
+				// Ready again, naming the broker node in use (no credentials).
+				node := net.JoinHostPort(cu.Host, strconv.Itoa(cu.Port))
+				if code, body, err := httpGet(base + "/readyz"); err != nil || code != 200 || !strings.Contains(body, "publishing to RabbitMQ node "+node) {
+					t.Errorf("/readyz once the broker answers: %d %q %v, want 200 naming node %s", code, body, err, node)
 				}
 			}
 			if code, _ := p.terminate(30 * time.Second); code != 0 {

@@ -31,12 +31,14 @@ cleanly). A leader whose heartbeat is older than --leader-lease (give run's
 value) is shown as not alive: the process is gone or stuck, and the next run
 or a standby takes over. standbys lists the other processes of the relay name
 waiting for leadership (none when there are none), each with its start and
-the age of its heartbeat; a standby beats at least every lease/4, so one whose
+the age of its heartbeat; a standby beats at least every 4/5 of the lease, so one whose
 heartbeat is older than --leader-lease is shown as not alive: it was killed or
 hangs (a clean stop removes it from the list; a dead one is listed for an
-hour). pending_rows counts the rows not yet delivered: with
---on-delivered=delete every row of the table, with mark those whose
-delivered_at is NULL (give run's value). retention_headroom_seconds is how
+hour). broker is the RabbitMQ node the leader publishes to (none while it is
+not connected, paused, or no leader runs) and, once the broker has not
+confirmed the messages on the wire for 10s, since when. pending_rows counts
+the rows not yet delivered: with --on-delivered=delete every row of the
+table, with mark those whose delivered_at is NULL (give run's value). retention_headroom_seconds is how
 long the checkpoint's binlog file is certain to survive the server's expiry;
 null when unknown (polling, no binlog, or no expiry bound).
 
@@ -46,20 +48,17 @@ a database failure, 2 bad usage or an unknown relay name.`,
 	})
 }
 
-// readFlags are what status and checkpoint read the database with.
+// readFlags are what status, pause, resume and checkpoint read the
+// database with.
 type readFlags struct {
-	mysql                         *mysqlFlags
-	table, relayName, onDelivered string
-	lease                         time.Duration
-	json                          bool
+	*dbFlags
+	onDelivered string
+	lease       time.Duration
 }
 
 func declareRead(fs *flag.FlagSet, relayHelp, relayDefault string) *readFlags {
-	r := &readFlags{mysql: declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname")}
-	fs.StringVar(&r.table, "table", outbox.DefaultTable, "outbox table `name`")
-	fs.StringVar(&r.relayName, "relay-name", relayDefault, relayHelp)
-	fs.DurationVar(&r.lease, "leader-lease", 10*time.Second, "run's --leader-lease: a leader whose heartbeat is older is shown as not alive")
-	fs.BoolVar(&r.json, "json", false, "print JSON for scripts instead of text for people")
+	r := &readFlags{dbFlags: declareDB(fs, relayHelp, relayDefault, "print JSON for scripts instead of text for people")}
+	fs.DurationVar(&r.lease, "leader-lease", checkpoint.DefaultLeaderLease, "run's --leader-lease: a leader whose heartbeat is older is shown as not alive")
 	return r
 }
 
@@ -102,10 +101,7 @@ func setupStatus(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return unknownRelay(err)
 		}
-		if r.json {
-			return printJSON(inv.stdout, list)
-		}
-		return printStatus(inv.stdout, list)
+		return render(inv.stdout, r.json, list, func(w io.Writer) error { return printStatus(w, list) })
 	}
 }
 
@@ -119,6 +115,7 @@ type statusJSON struct {
 	ModeReason              *string           `json:"mode_reason"`
 	Epoch                   int64             `json:"epoch"`
 	Leader                  *leaderJSON       `json:"leader"`
+	Broker                  *brokerJSON       `json:"broker"`
 	Standbys                []standbyJSON     `json:"standbys"`
 	Checkpoint              checkpointJSON    `json:"checkpoint"`
 	PendingRows             int64             `json:"pending_rows"`
@@ -183,6 +180,41 @@ func pausedText(p *pausedJSON) string {
 		state = "no leader has stopped for it yet"
 	}
 	return fmt.Sprintf(" since %s (%s; %s)", since, time.Duration(p.Seconds*float64(time.Second)).Round(time.Second), state)
+}
+
+// brokerJSON is the RabbitMQ node the leader publishes to and, when the
+// broker has stopped confirming, since when; null when the row names none.
+type brokerJSON struct {
+	Node            string            `json:"node"`
+	ConfirmsStalled *failedStatusJSON `json:"confirms_stalled"`
+}
+
+func brokerOf(s checkpoint.RelayStatus) *brokerJSON {
+	if s.Broker == nil {
+		return nil
+	}
+	b := &brokerJSON{Node: s.Broker.Node}
+	if st := s.Broker.Stalled; st != nil {
+		b.ConfirmsStalled = &failedStatusJSON{Since: timeOrNull(st.Since), Seconds: math.Round(st.Seconds*1000) / 1000}
+	}
+	return b
+}
+
+// brokerText is status's broker line: the node, and a stall of confirms
+// with how long and since when.
+func brokerText(b *brokerJSON) string {
+	if b == nil {
+		return "none (not connected, or no leader)"
+	}
+	if b.ConfirmsStalled == nil {
+		return b.Node
+	}
+	since := "?"
+	if b.ConfirmsStalled.Since != nil {
+		since = utcText(*b.ConfirmsStalled.Since)
+	}
+	return fmt.Sprintf("%s, no publisher confirms for %s (since %s; the messages are held, not given up)", b.Node,
+		time.Duration(b.ConfirmsStalled.Seconds*float64(time.Second)).Round(time.Second), since)
 }
 
 type leaderJSON struct {
@@ -275,10 +307,10 @@ func readStatus(ctx context.Context, db *sql.DB, r *readFlags) ([]statusJSON, er
 	retention, retErr := metrics.ReadBinlogRetention(ctx, db)
 	list := make([]statusJSON, 0, len(rows))
 	for _, s := range rows {
-		j := statusJSON{RelayName: s.RelayName, Status: s.Status, Paused: pausedOf(s), Failed: failedOf(s), Mode: s.Mode, ModeReason: orNull(s.ModeReason),
-			Epoch: s.Epoch, Leader: leaderOf(s), Standbys: standbysOf(s, instances), Checkpoint: checkpointOf(s),
+		j := statusJSON{RelayName: s.RelayName, Status: s.Status, Paused: pausedOf(s), Failed: failedOf(s), Mode: s.Mode, ModeReason: orNull(flagNames(s.ModeReason)),
+			Epoch: s.Epoch, Leader: leaderOf(s), Broker: brokerOf(s), Standbys: standbysOf(s, instances), Checkpoint: checkpointOf(s),
 			PendingRows: backlog.PendingRows, OldestPendingAgeSeconds: backlog.OldestPendingAgeSeconds,
-			FailedRows: backlog.FailedRows, ErrorCount: s.ErrorCount, LastError: orNull(s.LastError),
+			FailedRows: backlog.FailedRows, ErrorCount: s.ErrorCount, LastError: orNull(flagNames(s.LastError)),
 			LastEventAt: timeOrNull(s.LastEventAt)}
 		if retErr == nil && s.Mode == "binlog" && s.Position.File != "" {
 			// Purged is a headroom of 0; no expiry (+Inf) has no JSON
@@ -315,6 +347,7 @@ func printStatus(w io.Writer, list []statusJSON) error {
 		}
 		fmt.Fprintf(tw, "epoch\t%d\n", s.Epoch)
 		fmt.Fprintf(tw, "leader\t%s\n", leaderText(s.Leader))
+		fmt.Fprintf(tw, "broker\t%s\n", brokerText(s.Broker))
 		fmt.Fprintf(tw, "standbys\t%s\n", standbysText(s.Standbys))
 		fmt.Fprintf(tw, "checkpoint\t%s\n", checkpointText(s.Checkpoint))
 		fmt.Fprintf(tw, "pending rows\t%d%s\n", s.PendingRows, ageText(", oldest ", s.OldestPendingAgeSeconds, " old"))

@@ -67,12 +67,13 @@ func insertPending(t *testing.T, db *testenv.DB, n int) {
 // written (mode binlog, same epoch) and shown; a SIGKILLed leader is shown
 // with its heartbeat ageing past the lease, not alive.
 func TestCLIStatusAndCheckpoint(t *testing.T) {
+	t.Parallel() // servers of its own; mostly waits for leases and exits
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	ctx := testenv.Context(t, 3*time.Minute)
-	p := newRelayProc(t, relayArgs(db, b, leaderFlags()...)...)
+	p := newRelayProc(t, relayArgs(t, db, b, leaderFlags()...)...)
 	p.start()
 	p.waitLog(ctx, "tailing the binlog")
 

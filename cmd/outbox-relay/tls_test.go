@@ -28,6 +28,7 @@ import (
 //     exits 2 in every mode naming the TLS problem and its fix, never
 //     "access denied" or GRANT.
 func TestCLIMySQLTLS(t *testing.T) {
+	t.Parallel() // servers of its own; mostly waits for leases and exits
 	ca := testenv.NewCA(t)
 	srv := testenv.StartServer(t, testenv.ServerOptions{TLS: ca, RequireSecureTransport: true})
 	bin := relayBinary(t)
@@ -89,7 +90,7 @@ func TestCLIMySQLTLS(t *testing.T) {
 		withoutCert := append([]string{"--mysql-dsn", dsn, "--mysql-password-file", pwFile}, verify...)
 		withCert := append(withoutCert, "--mysql-tls-cert", client.CertFile, "--mysql-tls-key", client.KeyFile)
 
-		expectExit(t, newRelayProc(t, relayArgs(db, b, withoutCert...)...), 2,
+		expectExit(t, newRelayProc(t, relayArgs(t, db, b, withoutCert...)...), 2,
 			[]string{"access denied", "REQUIRE X509 needs --mysql-tls-cert and --mysql-tls-key"}, []string{pw})
 		v := consumeAll(t, b)
 		deliverOverTLS(ctx, t, db, b, v, append([]string{"--mode", "binlog"}, withCert...)...)
@@ -101,7 +102,7 @@ func TestCLIMySQLTLS(t *testing.T) {
 		other := testenv.NewCA(t)
 		for _, mode := range []string{"auto", "binlog", "poll"} {
 			t.Run(mode, func(t *testing.T) {
-				expectExit(t, newRelayProc(t, relayArgs(db, b, "--mode", mode, "--mysql-tls-ca", other.CertFile)...), 2,
+				expectExit(t, newRelayProc(t, relayArgs(t, db, b, "--mode", mode, "--mysql-tls-ca", other.CertFile)...), 2,
 					[]string{"the server's certificate is not signed by --mysql-tls-ca", "give --mysql-tls-ca the CA certificate that signed"},
 					[]string{"access denied", "GRANT"})
 			})
@@ -114,7 +115,7 @@ func TestCLIMySQLTLS(t *testing.T) {
 		want := []string{"the server requires TLS (require_secure_transport=ON)", "add tls=true to --mysql-dsn or set --mysql-tls-ca"}
 		for _, mode := range []string{"auto", "binlog", "poll"} {
 			t.Run(mode, func(t *testing.T) {
-				expectExit(t, newRelayProc(t, relayArgs(db, b, "--mode", mode)...), 2, want, []string{"access denied", "GRANT"})
+				expectExit(t, newRelayProc(t, relayArgs(t, db, b, "--mode", mode)...), 2, want, []string{"access denied", "GRANT"})
 			})
 		}
 		r := runBinary(t, bin, nil, "status", "--mysql-dsn", db.DSN)
@@ -140,7 +141,7 @@ func migrateTLS(t *testing.T, db *testenv.DB, flags ...string) {
 // relay (SIGTERM, exit 0). It returns the number of messages.
 func deliverOverTLS(ctx context.Context, t *testing.T, db *testenv.DB, b *testenv.Broker, v *validator.Validator, extra ...string) int {
 	t.Helper()
-	relay := newRelayProc(t, relayArgs(db, b, extra...)...)
+	relay := newRelayProc(t, relayArgs(t, db, b, extra...)...)
 	relay.start()
 	relay.waitLog(ctx, "tailing the binlog")
 	msgs := writeTxns(ctx, t, db, v, b.Exchange, "tls", 30)

@@ -125,7 +125,7 @@ func TestRunTracingExportsOTLP(t *testing.T) {
 	}
 
 	// Off (the default): the messages go, no span does.
-	off := newRelayProc(t, relayArgs(db, b)...)
+	off := newRelayProc(t, relayArgs(t, db, b)...)
 	off.start()
 	off.waitLog(ctx, "tailing the binlog")
 	enqueue(3)
@@ -139,7 +139,7 @@ func TestRunTracingExportsOTLP(t *testing.T) {
 		t.Fatalf("relay without --tracing sent %d OTLP exports, want none", n)
 	}
 
-	on := newRelayProc(t, relayArgs(db, b, "--tracing")...)
+	on := newRelayProc(t, relayArgs(t, db, b, "--tracing")...)
 	on.start()
 	on.waitLog(ctx, "tailing the binlog")
 	ids := enqueue(10)

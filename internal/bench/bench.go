@@ -37,8 +37,31 @@ type Config struct {
 	Backlog       int
 	PayloadBytes  int
 	Runs          int
-	ConfirmWindow int       // the relay's per-lane window, and the bare publisher's
-	Progress      io.Writer // a progress line for long phases; nil for none
+	ConfirmWindow int // the relay's per-lane window, and the bare publisher's
+	// QueueType is the bench queue's type: "classic" (the default) or
+	// "quorum" (on a cluster: AMQPURL may list its nodes; the bare
+	// publisher and the consumer use the first, the relay all of them).
+	QueueType string
+	// Shapes are the catch-up backlog shapes measured after the other
+	// phases (names in DefaultShapes), each beside the bare publisher at
+	// window 1000 and at window = keys; ShapeBacklog is their size.
+	Shapes       []string
+	ShapeBacklog int
+	ShapesOnly   bool // measure the shapes alone: no latency, idle or --backlog catch-up
+	// BaselineBinary, when set, is another build of outbox-relay whose
+	// catch-up of each shape is measured right after RelayBinary's, in the
+	// same run (its mode is named "<mode> baseline").
+	BaselineBinary string
+	Progress       io.Writer // a progress line for long phases; nil for none
+}
+
+// firstURL is the first URL of AMQPURL: the node bench's own connections use.
+func (c *Config) firstURL() string {
+	urls, err := publish.SplitURLs(c.AMQPURL)
+	if err != nil || len(urls) == 0 {
+		return c.AMQPURL
+	}
+	return urls[0]
 }
 
 // Validate fills defaults and checks values.
@@ -48,6 +71,13 @@ func (c *Config) Validate() error {
 	}
 	if err := c.AMQPOptions.Check(c.AMQPURL); err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	switch c.QueueType {
+	case "":
+		c.QueueType = "classic"
+	case "classic", "quorum":
+	default:
+		return fmt.Errorf("bench: queue type %q: want classic or quorum", c.QueueType)
 	}
 	if c.Rate <= 0 {
 		c.Rate = 500
@@ -69,6 +99,17 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Modes) == 0 {
 		c.Modes = []string{"binlog", "poll"}
+	}
+	if c.ShapeBacklog <= 0 {
+		c.ShapeBacklog = 50_000
+	}
+	for _, name := range c.Shapes {
+		if _, err := shapeNamed(name, c.ShapeBacklog); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+	}
+	if c.ShapesOnly && len(c.Shapes) == 0 {
+		return errors.New("bench: shapes only, but no shapes to measure")
 	}
 	return nil
 }
@@ -110,16 +151,15 @@ type Result struct {
 	BareMsgsPerS     Stat                  `json:"bare_publisher_msgs_per_s"`
 	BareLiveMsgsPerS Stat                  `json:"bare_publisher_live_consumer_msgs_per_s"`
 	Modes            map[string]ModeResult `json:"modes"`
+	Shapes           []ShapeResult         `json:"shapes,omitempty"`
 }
 
-const (
-	exchangeName = "outbox-bench"
-	queueName    = "outbox-bench"
-	relayName    = "bench"
-)
+// relayName is the bench relay's --relay-name, in the bench's own database.
+const relayName = "bench"
 
 type bencher struct {
 	cfg      Config
+	exchange string // per run of bench: other benches and tests may share the broker
 	db       *sql.DB
 	cons     *consumer
 	logs     *bytes.Buffer
@@ -145,12 +185,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
 		return nil, fmt.Errorf("bench: migrate: %w", err)
 	}
-	cons, err := newConsumer(ctx, cfg.AMQPURL, cfg.AMQPOptions)
+	// Exchange and queue names unique to this bench: a shared broker may
+	// serve other benches and tests at the same time.
+	name := fmt.Sprintf("outbox-bench-%d-%d", os.Getpid(), time.Now().UnixNano()%1_000_000)
+	if cfg.QueueType == "quorum" {
+		name = "outbox-bench-quorum-" + name[len("outbox-bench-"):]
+	}
+	cons, err := newConsumer(ctx, cfg.firstURL(), cfg.AMQPOptions, name, name, cfg.QueueType)
 	if err != nil {
 		return nil, err
 	}
 	defer cons.close()
-	b := &bencher{cfg: cfg, db: db, cons: cons, logs: &bytes.Buffer{}}
+	b := &bencher{cfg: cfg, exchange: name, db: db, cons: cons, logs: &bytes.Buffer{}}
 
 	res := &Result{
 		Machine: machine(ctx, db), Runs: cfg.Runs, Rate: cfg.Rate, DurationS: cfg.Duration.Seconds(),
@@ -158,7 +204,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	samples := map[string]map[string][]float64{}
 	var bare, bareLive []float64
+	shapes := make([]Shape, len(cfg.Shapes))
+	shapeSamples := make([]map[string]map[string][]float64, len(cfg.Shapes))
+	for i, name := range cfg.Shapes {
+		shapes[i], _ = shapeNamed(name, cfg.ShapeBacklog)
+		shapeSamples[i] = map[string]map[string][]float64{}
+	}
+	meter := cpuMeter{dbPID: serverPID(ctx, db), brokerPID: brokerPID(cfg.AMQPURL)}
 	for run := 1; run <= cfg.Runs; run++ {
+		for i, s := range shapes {
+			if err := b.shapeOnce(ctx, s, run, meter, shapeSamples[i]); err != nil {
+				return nil, fmt.Errorf("bench: %s run %d: %w", s.describe(), run, err)
+			}
+		}
+		if cfg.ShapesOnly {
+			continue
+		}
 		for _, mode := range cfg.Modes {
 			s, err := b.runOnce(ctx, mode, run)
 			if err != nil {
@@ -188,6 +249,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	b.progress("")
+	res.Shapes = shapeResults(shapes, shapeSamples)
 	res.BareMsgsPerS, res.BareLiveMsgsPerS = statOf(bare), statOf(bareLive)
 	for mode, s := range samples {
 		res.Modes[mode] = ModeResult{
@@ -356,7 +418,7 @@ func (b *bencher) latency(ctx context.Context, phase string) (lats, commits []ti
 // and returns each message's publish → receive time: what the broker and
 // the consumer alone add, at that moment, to the relay's figures.
 func (b *bencher) bareLatency(ctx context.Context, phase string) ([]time.Duration, error) {
-	conn, err := publish.Dial(ctx, b.cfg.AMQPURL, b.cfg.AMQPOptions, "outbox-relay bench bare publisher")
+	conn, err := publish.Dial(ctx, b.cfg.firstURL(), b.cfg.AMQPOptions, "outbox-relay bench bare publisher")
 	if err != nil {
 		return nil, fmt.Errorf("bare latency: %w", err)
 	}
@@ -372,7 +434,7 @@ func (b *bencher) bareLatency(ctx context.Context, phase string) ([]time.Duratio
 	return b.paced(ctx, phase, func(i int) error {
 		id := fmt.Sprintf("bare-latency-%d", i)
 		b.cons.sent(id, time.Now())
-		_, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName, "latency", true, false,
+		_, err := ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, "latency", true, false,
 			relayShaped(id, i, fmt.Sprintf("p%d", i%64), payload))
 		return err
 	})
@@ -451,16 +513,8 @@ func (b *bencher) writeBacklog(ctx context.Context, phase string) error {
 		for i := 0; i < n; i++ {
 			msgs = append(msgs, outbox.Message{PartitionKey: fmt.Sprintf("p%d", (done+i)%1000), RoutingKey: "backlog", Payload: payload})
 		}
-		tx, err := b.db.BeginTx(ctx, nil)
-		if err != nil {
-			return fmt.Errorf("backlog: begin: %w", err)
-		}
-		if _, err := outbox.Enqueue(ctx, tx, msgs...); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("backlog: enqueue: %w", err)
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("backlog: commit: %w", err)
+		if err := b.writeTxn(ctx, msgs); err != nil {
+			return err
 		}
 		done += n
 		b.bar(phase, done, b.cfg.Backlog)
@@ -474,8 +528,12 @@ type relayProc struct {
 }
 
 func (b *bencher) startRelay(ctx context.Context, mode string) (*relayProc, error) {
+	return b.startRelayBinary(ctx, b.cfg.RelayBinary, mode)
+}
+
+func (b *bencher) startRelayBinary(ctx context.Context, binary, mode string) (*relayProc, error) {
 	args := []string{"run", "--mysql-dsn", b.cfg.MySQLDSN, "--amqp-url", b.cfg.AMQPURL,
-		"--relay-name", relayName, "--default-exchange", exchangeName, "--log-format", "console", "--metrics-addr", "127.0.0.1:0",
+		"--relay-name", relayName, "--default-exchange", b.exchange, "--log-format", "console", "--metrics-addr", "127.0.0.1:0",
 		"--confirm-window", fmt.Sprint(b.cfg.ConfirmWindow), "--mode", mode}
 	o := b.cfg.AMQPOptions
 	for _, f := range [][2]string{
@@ -487,11 +545,11 @@ func (b *bencher) startRelay(ctx context.Context, mode string) (*relayProc, erro
 			args = append(args, f[0], f[1])
 		}
 	}
-	cmd := exec.CommandContext(ctx, b.cfg.RelayBinary, args...)
+	cmd := exec.CommandContext(ctx, binary, args...)
 	b.logs.Reset()
 	cmd.Stdout, cmd.Stderr = b.logs, b.logs
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start relay %s: %w", b.cfg.RelayBinary, err)
+		return nil, fmt.Errorf("start relay %s: %w", binary, err)
 	}
 	p := &relayProc{cmd: cmd, done: make(chan error, 1)}
 	go func() { p.done <- cmd.Wait() }()
@@ -532,7 +590,7 @@ func (p *relayProc) kill() {
 // channel with the same confirm window, and returns msgs/s until the queue
 // held them all (toQueue), measured exactly as the relay's catch-up.
 func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error) {
-	conn, err := publish.Dial(ctx, b.cfg.AMQPURL, b.cfg.AMQPOptions, "outbox-relay bench bare publisher")
+	conn, err := publish.Dial(ctx, b.cfg.firstURL(), b.cfg.AMQPOptions, "outbox-relay bench bare publisher")
 	if err != nil {
 		return 0, err
 	}
@@ -549,7 +607,7 @@ func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error)
 		go func() {
 			// One channel with at most ConfirmWindow unconfirmed, like
 			// each relay lane.
-			published <- PublishBare(ctx, conn, exchangeName, "backlog", 1, b.cfg.Backlog, b.cfg.ConfirmWindow, func(i int) amqp.Publishing {
+			published <- PublishBare(ctx, conn, b.exchange, "backlog", 1, b.cfg.Backlog, b.cfg.ConfirmWindow, func(i int) amqp.Publishing {
 				return relayShaped(fmt.Sprintf("bare-%d", i), i, fmt.Sprintf("p%d", i%1000), payload)
 			})
 		}()
@@ -583,12 +641,18 @@ func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error)
 // hands messages on instead of keeping them, and the consumer takes its
 // share of the machine's two cores.
 func (b *bencher) toQueue(ctx context.Context, phase string, live bool, start func() error) (float64, error) {
+	return b.toQueueN(ctx, phase, live, b.cfg.Backlog, start, nil)
+}
+
+// toQueueN is toQueue for total messages; filled, when not nil, runs as
+// soon as the timed part ends (before the check), to read CPU counters.
+func (b *bencher) toQueueN(ctx context.Context, phase string, live bool, total int, start, filled func() error) (float64, error) {
 	if err := b.cons.purge(); err != nil {
 		return 0, err
 	}
-	progress := func(n int) { b.bar(phase, n, b.cfg.Backlog) }
+	progress := func(n int) { b.bar(phase, n, total) }
 	if live {
-		b.cons.expect(b.cfg.Backlog)
+		b.cons.expect(total)
 		t0 := time.Now()
 		err := start()
 		if err == nil {
@@ -597,7 +661,7 @@ func (b *bencher) toQueue(ctx context.Context, phase string, live bool, start fu
 		if err != nil {
 			return 0, err
 		}
-		return float64(b.cfg.Backlog) / time.Since(t0).Seconds(), nil
+		return float64(total) / time.Since(t0).Seconds(), nil
 	}
 	if err := b.cons.pause(); err != nil {
 		return 0, err
@@ -605,20 +669,23 @@ func (b *bencher) toQueue(ctx context.Context, phase string, live bool, start fu
 	t0 := time.Now()
 	err := start()
 	if err == nil {
-		err = b.cons.waitDepth(ctx, b.cfg.Backlog, 10*time.Minute, progress)
+		err = b.cons.waitDepth(ctx, total, 10*time.Minute, progress)
 	}
 	elapsed := time.Since(t0)
-	b.cons.expect(b.cfg.Backlog)
+	if err == nil && filled != nil {
+		err = filled()
+	}
+	b.cons.expect(total)
 	if rerr := b.cons.resume(); err == nil {
 		err = rerr
 	}
 	if err != nil {
 		return 0, err
 	}
-	if err := b.cons.wait(ctx, 10*time.Minute, func(n int) { b.bar(phase+": check", n, b.cfg.Backlog) }); err != nil {
+	if err := b.cons.wait(ctx, 10*time.Minute, func(n int) { b.bar(phase+": check", n, total) }); err != nil {
 		return 0, fmt.Errorf("after the queue filled: %w", err)
 	}
-	return float64(b.cfg.Backlog) / elapsed.Seconds(), nil
+	return float64(total) / elapsed.Seconds(), nil
 }
 
 func machine(ctx context.Context, db *sql.DB) string {

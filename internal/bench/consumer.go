@@ -15,11 +15,13 @@ import (
 // against the number a phase expects, with commit → receive latencies for
 // the messages whose commit time was recorded.
 type consumer struct {
-	conn  *amqp.Connection
-	ch    *amqp.Channel
-	probe *amqp.Channel // queue depth, on its own channel
-	tag   string        // consumer tag while consuming, "" while paused
-	done  chan struct{} // closed when the delivery loop of the current consume ends
+	exchange, queue string
+	qtype           string // "classic" or "quorum"
+	conn            *amqp.Connection
+	ch              *amqp.Channel
+	probe           *amqp.Channel // queue depth, on its own channel
+	tag             string        // consumer tag while consuming, "" while paused
+	done            chan struct{} // closed when the delivery loop of the current consume ends
 
 	mu      sync.Mutex
 	want    int
@@ -29,12 +31,12 @@ type consumer struct {
 	changed chan struct{}
 }
 
-func newConsumer(ctx context.Context, url string, opts publish.ConnOptions) (*consumer, error) {
+func newConsumer(ctx context.Context, url string, opts publish.ConnOptions, exchange, queue, queueType string) (*consumer, error) {
 	conn, err := publish.Dial(ctx, url, opts, "outbox-relay bench consumer")
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	c := &consumer{conn: conn, changed: make(chan struct{}, 1)}
+	c := &consumer{exchange: exchange, queue: queue, qtype: queueType, conn: conn, changed: make(chan struct{}, 1)}
 	if err := c.setup(); err != nil {
 		conn.Close()
 		return nil, err
@@ -48,17 +50,21 @@ func (c *consumer) setup() error {
 		return fmt.Errorf("bench: open channel: %w", err)
 	}
 	c.ch = ch
-	if err := ch.ExchangeDeclare(exchangeName, "topic", true, false, false, false, nil); err != nil {
-		return fmt.Errorf("bench: declare exchange %s: %w", exchangeName, err)
+	if err := ch.ExchangeDeclare(c.exchange, "topic", true, false, false, false, nil); err != nil {
+		return fmt.Errorf("bench: declare exchange %s: %w", c.exchange, err)
 	}
-	if _, err := ch.QueueDeclare(queueName, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("bench: declare queue %s: %w", queueName, err)
+	var args amqp.Table
+	if c.qtype == "quorum" {
+		args = amqp.Table{"x-queue-type": "quorum"}
 	}
-	if err := ch.QueueBind(queueName, "#", exchangeName, false, nil); err != nil {
-		return fmt.Errorf("bench: bind queue %s: %w", queueName, err)
+	if _, err := ch.QueueDeclare(c.queue, true, false, false, false, args); err != nil {
+		return fmt.Errorf("bench: declare queue %s: %w", c.queue, err)
 	}
-	if _, err := ch.QueuePurge(queueName, false); err != nil {
-		return fmt.Errorf("bench: purge queue %s: %w", queueName, err)
+	if err := ch.QueueBind(c.queue, "#", c.exchange, false, nil); err != nil {
+		return fmt.Errorf("bench: bind queue %s: %w", c.queue, err)
+	}
+	if _, err := ch.QueuePurge(c.queue, false); err != nil {
+		return fmt.Errorf("bench: purge queue %s: %w", c.queue, err)
 	}
 	if c.probe, err = c.conn.Channel(); err != nil {
 		return fmt.Errorf("bench: open channel: %w", err)
@@ -69,9 +75,9 @@ func (c *consumer) setup() error {
 // resume starts consuming (auto-ack) and counting what arrives.
 func (c *consumer) resume() error {
 	c.tag = fmt.Sprintf("bench-%d", time.Now().UnixNano())
-	deliveries, err := c.ch.Consume(queueName, c.tag, true, true, false, false, nil)
+	deliveries, err := c.ch.Consume(c.queue, c.tag, true, true, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("bench: consume %s: %w", queueName, err)
+		return fmt.Errorf("bench: consume %s: %w", c.queue, err)
 	}
 	done := make(chan struct{})
 	c.done = done
@@ -98,9 +104,9 @@ func (c *consumer) pause() error {
 
 // depth is the number of messages ready in the queue.
 func (c *consumer) depth() (int, error) {
-	q, err := c.probe.QueueDeclarePassive(queueName, true, false, false, false, nil)
+	q, err := c.probe.QueueDeclarePassive(c.queue, true, false, false, false, nil)
 	if err != nil {
-		return 0, fmt.Errorf("bench: read depth of queue %s: %w", queueName, err)
+		return 0, fmt.Errorf("bench: read depth of queue %s: %w", c.queue, err)
 	}
 	return q.Messages, nil
 }
@@ -138,8 +144,8 @@ func (c *consumer) waitDepth(ctx context.Context, n int, timeout time.Duration, 
 // the connection.
 func (c *consumer) close() {
 	if ch, err := c.conn.Channel(); err == nil {
-		_, _ = ch.QueueDelete(queueName, false, false, false)
-		_ = ch.ExchangeDelete(exchangeName, false, false)
+		_, _ = ch.QueueDelete(c.queue, false, false, false)
+		_ = ch.ExchangeDelete(c.exchange, false, false)
 		_ = ch.Close()
 	}
 	c.conn.Close()
@@ -149,7 +155,7 @@ func (c *consumer) close() {
 }
 
 func (c *consumer) purge() error {
-	if _, err := c.ch.QueuePurge(queueName, false); err != nil {
+	if _, err := c.ch.QueuePurge(c.queue, false); err != nil {
 		return fmt.Errorf("bench: purge queue: %w", err)
 	}
 	return nil

@@ -14,8 +14,21 @@ func (r *Result) Table(w io.Writer) {
 		modes = append(modes, m)
 	}
 	slices.Sort(modes)
-	fmt.Fprintf(w, "%s\n%d runs; latency at %.0f msg/s for %.0fs; backlog %d × %d bytes; confirm window %d\n"+
-		"figures: median [min … max]\n\n", r.Machine, r.Runs, r.Rate, r.DurationS, r.Backlog, r.PayloadBytes, r.Window)
+	if len(modes) == 0 {
+		fmt.Fprintf(w, "%s\n%d runs; payload %d bytes; confirm window %d\n", r.Machine, r.Runs, r.PayloadBytes, r.Window)
+	} else {
+		fmt.Fprintf(w, "%s\n%d runs; latency at %.0f msg/s for %.0fs; backlog %d × %d bytes; confirm window %d\n"+
+			"figures: median [min … max]\n\n", r.Machine, r.Runs, r.Rate, r.DurationS, r.Backlog, r.PayloadBytes, r.Window)
+	}
+	if len(modes) > 0 {
+		r.modeTable(w, modes)
+	}
+	if len(r.Shapes) > 0 {
+		r.shapeTable(w)
+	}
+}
+
+func (r *Result) modeTable(w io.Writer, modes []string) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "figure")
 	for _, m := range modes {
@@ -49,4 +62,34 @@ func (r *Result) Table(w io.Writer) {
 	b, l := r.BareMsgsPerS, r.BareLiveMsgsPerS
 	fmt.Fprintf(w, "\nbare amqp091 publisher, same queue and window: %.0f msg/s [%.0f … %.0f] into the queue, "+
 		"%.0f msg/s [%.0f … %.0f] to a live consumer\n", b.Median, b.Min, b.Max, l.Median, l.Min, l.Max)
+}
+
+// shapeTable prints a row per shape and relay mode: catch-up msg/s beside
+// the bare publisher at window 1000 and at window = keys, and the CPU
+// seconds per 10,000 messages of the relay, the database server and the
+// broker (0: the process is not on this machine).
+func (r *Result) shapeTable(w io.Writer) {
+	fmt.Fprintf(w, "\ncatch-up shapes (into the queue, no consumer): median [min … max]; CPU in seconds per 10,000 messages\n\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "shape\tmode\tmsg/s\tbare w1000\tbare w=keys\tratio w1000\tratio w=keys\trelay CPU\tDB CPU\tbroker CPU\tbare w1000 broker CPU\tbare w=keys broker CPU\trelay RSS MiB")
+	m3 := func(format string, s Stat) string {
+		return fmt.Sprintf(format+" ["+format+" … "+format+"]", s.Median, s.Min, s.Max)
+	}
+	for _, s := range r.Shapes {
+		modes := make([]string, 0, len(s.Modes))
+		for m := range s.Modes {
+			modes = append(modes, m)
+		}
+		slices.Sort(modes)
+		name := fmt.Sprintf("%s (%d keys, %d msgs)", s.Shape, s.Keys, s.Messages)
+		for _, mode := range modes {
+			m := s.Modes[mode]
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\n", name, mode,
+				m3("%.0f", m.MsgsPerS), m3("%.0f", s.Bare1000MsgsPerS), m3("%.0f", s.BareKeysMsgsPerS),
+				m3("%.2f", m.RatioToBare1000), m3("%.2f", m.RatioToBareKeys),
+				m.RelayCPUPer10k.Median, m.DBCPUPer10k.Median, m.BrokerCPUPer10k.Median, s.BareBrokerCPUPer10k.Median, s.BareKeysBrokerCPUPer10k.Median,
+				m.RelayPeakRSSMiB.Max)
+		}
+	}
+	tw.Flush()
 }

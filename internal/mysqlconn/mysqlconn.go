@@ -5,12 +5,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strconv"
-	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -54,7 +55,7 @@ type Target struct {
 func New(o Options) (*Target, error) {
 	cfg, err := mysql.ParseDSN(o.DSN)
 	if err != nil {
-		return nil, fmt.Errorf("--mysql-dsn does not parse (want user:pass@tcp(host:port)/db): %v", redact.ParseError(err, o.DSN))
+		return nil, fmt.Errorf("Config.MySQLDSN does not parse (want user:pass@tcp(host:port)/db): %v", redact.ParseError(err, o.DSN))
 	}
 	t := &Target{passwordFile: o.PasswordFile}
 	t.host, t.port = splitAddr(cfg.Addr)
@@ -63,7 +64,7 @@ func New(o Options) (*Target, error) {
 	}
 	if o.PasswordFile != "" {
 		if cfg.Passwd != "" {
-			return nil, errors.New("the MySQL password is given twice, in --mysql-dsn and in --mysql-password-file: remove it from the DSN (user@tcp(host:port)/db)")
+			return nil, errors.New("the MySQL password is given twice, in Config.MySQLDSN and in Config.MySQLPasswordFile: remove it from the DSN (user@tcp(host:port)/db)")
 		}
 		if _, err := ReadPasswordFile(o.PasswordFile); err != nil {
 			return nil, err
@@ -77,7 +78,7 @@ func New(o Options) (*Target, error) {
 			c.Passwd = p
 			return nil
 		})); err != nil {
-			return nil, fmt.Errorf("--mysql-password-file: %w", err)
+			return nil, fmt.Errorf("Config.MySQLPasswordFile: %w", err)
 		}
 	}
 	t.driver = cfg
@@ -88,16 +89,16 @@ func New(o Options) (*Target, error) {
 // parameter (already resolved by ParseDSN into cfg.TLS) and the PEM files.
 func (t *Target) setTLS(cfg *mysql.Config, o Options) error {
 	if (o.TLSCert == "") != (o.TLSKey == "") {
-		return errors.New("--mysql-tls-cert and --mysql-tls-key go together: give both (the client certificate and its private key) or neither")
+		return errors.New("Config.MySQLTLSCert and Config.MySQLTLSKey go together: give both (the client certificate and its private key) or neither")
 	}
 	tc := cfg.TLS
 	if o.TLSCA != "" {
 		switch cfg.TLSConfig {
 		case "", "true":
 		case "false", "skip-verify", "preferred":
-			return fmt.Errorf("--mysql-tls-ca verifies the server, but --mysql-dsn says tls=%s: remove the tls parameter from the DSN (or set tls=true)", cfg.TLSConfig)
+			return fmt.Errorf("Config.MySQLTLSCA verifies the server, but Config.MySQLDSN says tls=%s: remove the tls parameter from the DSN (or set tls=true)", cfg.TLSConfig)
 		default:
-			return fmt.Errorf("--mysql-dsn names the registered TLS configuration %q: give the CA in that configuration, or drop the tls parameter and keep --mysql-tls-ca", cfg.TLSConfig)
+			return fmt.Errorf("Config.MySQLDSN names the registered TLS configuration %q: give the CA in that configuration, or drop the tls parameter and keep Config.MySQLTLSCA", cfg.TLSConfig)
 		}
 		pool, err := loadCA(o.TLSCA)
 		if err != nil {
@@ -107,11 +108,11 @@ func (t *Target) setTLS(cfg *mysql.Config, o Options) error {
 	}
 	if o.TLSCert != "" {
 		if cfg.TLSConfig == "false" {
-			return errors.New("--mysql-tls-cert and --mysql-tls-key need TLS, but --mysql-dsn says tls=false: remove the tls parameter from the DSN")
+			return errors.New("Config.MySQLTLSCert and Config.MySQLTLSKey need TLS, but Config.MySQLDSN says tls=false: remove the tls parameter from the DSN")
 		}
 		pair, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
 		if err != nil {
-			return fmt.Errorf("--mysql-tls-cert %s and --mysql-tls-key %s: %v: give the PEM client certificate and its private key", o.TLSCert, o.TLSKey, err)
+			return fmt.Errorf("Config.MySQLTLSCert %s and Config.MySQLTLSKey %s: %v: give the PEM client certificate and its private key", o.TLSCert, o.TLSKey, err)
 		}
 		if tc == nil {
 			// As tls=true: verify the server with the system's CAs.
@@ -131,26 +132,20 @@ func (t *Target) setTLS(cfg *mysql.Config, o Options) error {
 func loadCA(path string) (*x509.CertPool, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("--mysql-tls-ca: %v", err)
+		return nil, fmt.Errorf("Config.MySQLTLSCA: %v", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(data) {
-		return nil, fmt.Errorf("--mysql-tls-ca %s holds no PEM certificate (-----BEGIN CERTIFICATE-----)", path)
+		return nil, fmt.Errorf("Config.MySQLTLSCA %s holds no PEM certificate (-----BEGIN CERTIFICATE-----)", path)
 	}
 	return pool, nil
 }
 
-// ReadPasswordFile reads a password file: its content without trailing line
-// breaks (\n, \r\n). An unreadable or empty file is an error naming the
-// path, never the content.
+// ReadPasswordFile reads Config.MySQLPasswordFile (redact.ReadPasswordFile).
 func ReadPasswordFile(path string) (string, error) {
-	data, err := os.ReadFile(path)
+	p, err := redact.ReadPasswordFile(path)
 	if err != nil {
-		return "", fmt.Errorf("--mysql-password-file: %v", err)
-	}
-	p := strings.TrimRight(string(data), "\r\n")
-	if p == "" {
-		return "", fmt.Errorf("--mysql-password-file %s is empty: write the password into it", path)
+		return "", fmt.Errorf("Config.MySQLPasswordFile: %w", err)
 	}
 	return p, nil
 }
@@ -174,18 +169,53 @@ func splitAddr(addr string) (string, int) {
 // parameters) before mysql.NewConnector.
 func (t *Target) Driver() *mysql.Config { return t.driver.Clone() }
 
-// OpenDB opens a pool on the Driver configuration after adjust (nil: none)
-// changed it. It does not connect.
+// DefaultDialTimeout bounds a connection attempt of a pool opened with
+// DialTimeout when the DSN sets no timeout: the OS default can be minutes.
+const DefaultDialTimeout = 10 * time.Second
+
+// DialTimeout is an OpenDB adjustment: connection attempts give up after
+// DefaultDialTimeout unless the DSN sets a timeout.
+func DialTimeout(cfg *mysql.Config) {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultDialTimeout
+	}
+}
+
+// UTC is an OpenDB adjustment for a pool that reads and writes DATETIME(6)
+// values as UTC: they scan into time.Time in UTC, and the session time zone
+// is +00:00, so that NOW(6) and the stored values agree whatever the
+// server's zone is.
+func UTC(cfg *mysql.Config) {
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["time_zone"] = "'+00:00'"
+}
+
+// OpenDB opens a pool on the Driver configuration after adjust (nil: none;
+// DialTimeout, UTC or the caller's own) changed it. It does not connect.
 func (t *Target) OpenDB(adjust func(*mysql.Config)) (*sql.DB, error) {
+	connector, err := t.Connector(adjust)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(connector), nil
+}
+
+// Connector is the connector OpenDB opens its pool on, for a caller that
+// wraps it.
+func (t *Target) Connector(adjust func(*mysql.Config)) (driver.Connector, error) {
 	cfg := t.Driver()
 	if adjust != nil {
 		adjust(cfg)
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("--mysql-dsn: %v", t.scrub(err.Error()))
+		return nil, fmt.Errorf("Config.MySQLDSN: %v", t.scrub(err.Error()))
 	}
-	return sql.OpenDB(connector), nil
+	return connector, nil
 }
 
 // Binlog is a canal.Config with the connection fields filled in (Host, Port,
@@ -216,8 +246,5 @@ func (t *Target) Addr() string { return t.driver.Addr }
 
 // scrub masks the DSN's password in msg.
 func (t *Target) scrub(msg string) string {
-	if p := t.driver.Passwd; p != "" {
-		return strings.ReplaceAll(msg, p, "xxxxx")
-	}
-	return msg
+	return redact.Scrub(msg, []string{t.driver.Passwd})
 }

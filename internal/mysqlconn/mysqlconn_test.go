@@ -126,18 +126,18 @@ func TestOptionsRefused(t *testing.T) {
 		o    Options
 		want string
 	}{
-		{"CA with tls=skip-verify", Options{DSN: dsn + "?tls=skip-verify", TLSCA: ca.CertFile}, "--mysql-tls-ca verifies the server, but --mysql-dsn says tls=skip-verify"},
+		{"CA with tls=skip-verify", Options{DSN: dsn + "?tls=skip-verify", TLSCA: ca.CertFile}, "Config.MySQLTLSCA verifies the server, but Config.MySQLDSN says tls=skip-verify"},
 		{"CA with tls=preferred", Options{DSN: dsn + "?tls=preferred", TLSCA: ca.CertFile}, "says tls=preferred"},
 		{"CA with tls=false", Options{DSN: dsn + "?tls=false", TLSCA: ca.CertFile}, "says tls=false"},
-		{"certificate without key", Options{DSN: dsn, TLSCert: client.CertFile}, "--mysql-tls-cert and --mysql-tls-key go together"},
-		{"key without certificate", Options{DSN: dsn, TLSKey: client.KeyFile}, "--mysql-tls-cert and --mysql-tls-key go together"},
+		{"certificate without key", Options{DSN: dsn, TLSCert: client.CertFile}, "Config.MySQLTLSCert and Config.MySQLTLSKey go together"},
+		{"key without certificate", Options{DSN: dsn, TLSKey: client.KeyFile}, "Config.MySQLTLSCert and Config.MySQLTLSKey go together"},
 		{"key of another certificate", Options{DSN: dsn, TLSCert: client.CertFile, TLSKey: ca.Issue(t, "other").KeyFile}, "private key does not match"},
 		{"certificate with tls=false", Options{DSN: dsn + "?tls=false", TLSCert: client.CertFile, TLSKey: client.KeyFile}, "says tls=false"},
 		{"CA not PEM", Options{DSN: dsn, TLSCA: notPEM}, "holds no PEM certificate"},
-		{"CA missing", Options{DSN: dsn, TLSCA: "/nonexistent/ca.pem"}, "--mysql-tls-ca: open /nonexistent/ca.pem"},
-		{"unknown TLS name", Options{DSN: dsn + "?tls=nosuchconfig"}, "--mysql-dsn does not parse"},
-		{"password twice", Options{DSN: dsn, PasswordFile: pwFile}, "given twice, in --mysql-dsn and in --mysql-password-file"},
-		{"password file missing", Options{DSN: "u@tcp(db:3306)/app", PasswordFile: "/nonexistent/pw"}, "--mysql-password-file: open /nonexistent/pw"},
+		{"CA missing", Options{DSN: dsn, TLSCA: "/nonexistent/ca.pem"}, "Config.MySQLTLSCA: open /nonexistent/ca.pem"},
+		{"unknown TLS name", Options{DSN: dsn + "?tls=nosuchconfig"}, "Config.MySQLDSN does not parse"},
+		{"password twice", Options{DSN: dsn, PasswordFile: pwFile}, "given twice, in Config.MySQLDSN and in Config.MySQLPasswordFile"},
+		{"password file missing", Options{DSN: "u@tcp(db:3306)/app", PasswordFile: "/nonexistent/pw"}, "Config.MySQLPasswordFile: open /nonexistent/pw"},
 		{"password file empty", Options{DSN: "u@tcp(db:3306)/app", PasswordFile: writeFile(t, "empty", "\n")}, "is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

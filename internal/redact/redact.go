@@ -18,6 +18,10 @@
 //     JSON- or Go-quoted): for messages of libraries that echo what they
 //     were given.
 //
+// ReadPasswordFile is the one reader of a password file (MySQL's and
+// AMQP's), so that the password the connections use is the one the CLI
+// masks.
+//
 // The package has no state: every function is safe for concurrent use.
 package redact
 
@@ -27,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -311,4 +316,20 @@ func isDigits(s string) bool {
 		}
 	}
 	return s != ""
+}
+
+// ReadPasswordFile returns the password a file holds: its content without
+// trailing line breaks (\n, \r\n; echo adds one). An unreadable or empty
+// file is an error naming the path, never the content; the caller adds
+// which setting named the file.
+func ReadPasswordFile(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err // a *PathError: the operation, the path and the cause
+	}
+	p := strings.TrimRight(string(data), "\r\n")
+	if p == "" {
+		return "", fmt.Errorf("%s is empty: write the password into it", path)
+	}
+	return p, nil
 }

@@ -22,10 +22,14 @@
 // OUTBOX_REQUIRE_INTEGRATION=1 (see Require); `make test` installs and starts
 // the services first.
 //
-// Every resource is released at t.Cleanup, also when the test fails. The one
-// piece of process state is the shared private mariadbd behind MySQL, started
-// lazily on first use; a package that calls MySQL wraps its tests with Main so
-// that server is stopped when the test binary is done:
+//   - ServerID: the replica server id of a binlog client a test starts,
+//     unique across all test binaries running at once (a block of ids per
+//     binary, held by a file lock).
+//
+// Every resource is released at t.Cleanup, also when the test fails. The
+// process state is the shared private mariadbd behind MySQL, started lazily on
+// first use, and the block of server ids; a package that calls MySQL wraps its
+// tests with Main so that server is stopped when the test binary is done:
 //
 //	func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 package testenv

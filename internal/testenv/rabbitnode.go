@@ -67,7 +67,10 @@ type RabbitNode struct {
 // RabbitOption configures a node started by StartRabbitMQ.
 type RabbitOption func(testing.TB, *rabbitOptions)
 
-type rabbitOptions struct{ tls *rabbitTLS }
+type rabbitOptions struct {
+	tls    *rabbitTLS
+	cookie string // the Erlang cookie; "" draws one (a cluster's nodes share theirs)
+}
 
 // rabbitTLS is the node's TLS listener: PEM files of the CA that signs
 // client certificates and of the node's own certificate.
@@ -153,7 +156,10 @@ func newRabbitNode(o rabbitOptions) (_ *RabbitNode, err error) {
 	}
 	// An Erlang cookie of its own (HOME points here): nothing depends on, or
 	// races to create, the invoking user's ~/.erlang.cookie.
-	cookie := fmt.Sprintf("OUTBOXTEST%016X", rand.Uint64())
+	cookie := o.cookie
+	if cookie == "" {
+		cookie = fmt.Sprintf("OUTBOXTEST%016X", rand.Uint64())
+	}
 	plugins := "[].\n"
 	if n.tls != nil {
 		plugins = "[rabbitmq_auth_mechanism_ssl].\n"
@@ -312,8 +318,13 @@ func (n *RabbitNode) start() error {
 }
 
 // waitReady polls until an AMQP connection as guest succeeds, the process
-// exits or rabbitReadyTimeout passes.
+// exits or rabbitReadyTimeout passes. p is nil for a node whose process is
+// not watched here (after rabbitmqctl start_app).
 func (n *RabbitNode) waitReady(p *process) error {
+	var exited chan struct{}
+	if p != nil {
+		exited = p.done
+	}
 	deadline := time.Now().Add(rabbitReadyTimeout)
 	tick := time.NewTicker(rabbitPollInterval)
 	defer tick.Stop()
@@ -328,7 +339,7 @@ func (n *RabbitNode) waitReady(p *process) error {
 				n.name, n.Addr(), rabbitReadyTimeout, err, n.logTail())
 		}
 		select {
-		case <-p.done:
+		case <-exited:
 			return fmt.Errorf("RabbitMQ node %s on %s exited during start-up (%v)\n%s", n.name, n.Addr(), p.err, n.logTail())
 		case <-tick.C:
 		}
@@ -545,18 +556,40 @@ func (n *RabbitNode) CloseConnections(t testing.TB, user string) int {
 // block publishers, or list_queues.
 func (n *RabbitNode) Ctl(t testing.TB, args ...string) string {
 	t.Helper()
-	if n.ctl == "" {
-		t.Fatalf("testenv: rabbitmqctl not found")
+	out, err := n.runCtl(n.ctl, args...)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return out
+}
+
+// runCtl runs one of RabbitMQ's CLI tools (script: rabbitmqctl,
+// rabbitmq-queues) against this node with its cookie.
+func (n *RabbitNode) runCtl(script string, args ...string) (string, error) {
+	if script == "" {
+		return "", errors.New("rabbitmqctl not found")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), rabbitCtlTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, n.ctl, append([]string{"-n", n.name}, args...)...)
+	cmd := exec.CommandContext(ctx, script, append([]string{"-n", n.name}, args...)...)
 	cmd.Dir = n.dir
 	cmd.Env = n.env()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("testenv: rabbitmqctl -n %s %s: %v\n%s", n.name, strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("%s -n %s %s: %v\n%s", filepath.Base(script), n.name, strings.Join(args, " "), err, out)
 	}
-	return string(out)
+	return string(out), nil
+}
+
+// Kill sends SIGKILL to the node (the VM and the start script) and waits
+// until it has exited: no clean shutdown, as at a crash or a power loss.
+// Its data stays for Start.
+func (n *RabbitNode) Kill(t testing.TB) {
+	t.Helper()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.killLocked(); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
 }

@@ -39,7 +39,7 @@ const (
 // ServerOptions configures StartServer.
 type ServerOptions struct {
 	// ServerID is the server's @@server_id; 0 picks a random one in
-	// [1000000, 2000000000), so ids below 1000000 are free for binlog clients.
+	// [1000000, 2000000000), above the ids ServerID hands binlog clients.
 	ServerID uint32
 	// NoBinlog starts the server with the binlog off (preflight tests).
 	NoBinlog bool

@@ -16,13 +16,18 @@ import (
 )
 
 // shared is the harness's one piece of process state: the private mariadbd
-// that MySQL hands out databases on, started on first use and stopped by Main
-// after the tests of the binary have run.
+// that MySQL hands out databases on, and the RabbitMQ cluster of
+// SharedRabbitCluster, each started on first use and stopped by Main after
+// the tests of the binary have run.
 var shared struct {
 	main atomic.Bool // Main is running the tests: someone will stop the server
 	once sync.Once   // starts the server
 	srv  *Server     // set by once
 	err  error       // set by once
+
+	clusterOnce sync.Once      // starts the RabbitMQ cluster (SharedRabbitCluster)
+	cluster     *RabbitCluster // set by clusterOnce
+	clusterErr  error          // set by clusterOnce
 }
 
 // Main wraps TestMain: it runs the tests, then stops the shared private server
@@ -46,6 +51,16 @@ func Main(m *testing.M) int {
 				code = 1
 			}
 		}
+	}
+	shared.clusterOnce.Do(func() {})
+	if shared.cluster != nil {
+		if err := shared.cluster.destroy(); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: stop the RabbitMQ cluster: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+		shared.cluster = nil
 	}
 	return code
 }

@@ -376,3 +376,33 @@ func toRat(v any) (*big.Rat, bool) {
 	r, ok := new(big.Rat).SetString(s)
 	return r, ok
 }
+
+// Clone returns a validator expecting what v expects, with no deliveries:
+// for a second queue bound to the same exchange, which must receive every
+// message too.
+func (v *Validator) Clone() *Validator {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	c := New()
+	for id, e := range v.expected {
+		c.expected[id] = e
+	}
+	for k, ids := range v.order {
+		c.order[k] = slices.Clone(ids)
+	}
+	return c
+}
+
+// DuplicatedMessages is how many different messages arrived more than once
+// (Duplicates counts the extra deliveries).
+func (v *Validator) DuplicatedMessages() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	n := 0
+	for _, c := range v.counts {
+		if c > 1 {
+			n++
+		}
+	}
+	return n
+}

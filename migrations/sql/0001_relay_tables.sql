@@ -17,6 +17,8 @@ CREATE TABLE IF NOT EXISTS outbox_relay_progress (
     paused_at        DATETIME(6)     NULL,
     paused_epoch     BIGINT          NULL,
     failed_at        DATETIME(6)     NULL,
+    broker           VARCHAR(255)    NULL,
+    confirms_stalled_at DATETIME(6)  NULL,
     epoch            BIGINT          NOT NULL DEFAULT 0,
     leader_instance  VARCHAR(255)    NULL,
     leader_since     DATETIME(6)     NULL,

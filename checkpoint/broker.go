@@ -1,0 +1,54 @@
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// BrokerState is the RabbitMQ side of a leader as the progress row tells
+// it (columns broker and confirms_stalled_at).
+type BrokerState struct {
+	// Node is the node the leader's publisher is connected to, host:port
+	// (never credentials).
+	Node string
+	// Stalled is nil while the broker confirms; otherwise since when it
+	// has not confirmed the messages on the wire.
+	Stalled *StallState
+}
+
+// StallState is a stall of publisher confirms: since when, and how long ago
+// by the server's clock.
+type StallState struct {
+	Since   time.Time
+	Seconds float64
+}
+
+// SetBroker records the RabbitMQ node the leader of epoch publishes to
+// (node "" clears it: not connected, paused, or the term ended) and, when
+// stalledFor > 0, that the broker has not confirmed for that long (the
+// column holds now minus stalledFor, by the server's clock); stalledFor 0
+// clears the stall. Fenced like SetMode: ErrFenced when another leader's
+// epoch holds the row. One statement; the caller writes only on a change.
+func (s *Store) SetBroker(ctx context.Context, epoch int64, node string, stalledFor time.Duration) error {
+	var stalledUS any
+	if stalledFor > 0 && node != "" {
+		stalledUS = stalledFor.Microseconds()
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress SET broker = ?,
+		confirms_stalled_at = UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND WHERE relay_name = ? AND epoch = ?`,
+		nullIfEmpty(truncate(node, 255)), stalledUS, s.cfg.RelayName, epoch)
+	if err != nil {
+		return fmt.Errorf("record RabbitMQ node %q of relay %q: %w", node, s.cfg.RelayName, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		var cur int64
+		if err := s.db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?", s.cfg.RelayName).Scan(&cur); err != nil {
+			return fmt.Errorf("record RabbitMQ node %q of relay %q: %w", node, s.cfg.RelayName, err)
+		}
+		if cur != epoch {
+			return ErrFenced
+		}
+	}
+	return nil
+}
