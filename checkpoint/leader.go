@@ -492,6 +492,10 @@ func (l *Leader) renew(sent time.Time) {
 	l.expiry.Reset(time.Until(l.validUntil))
 }
 
+// lockWaitStatement begins the lock connection's wait; Wake looks for it in
+// the process list.
+const lockWaitStatement = "DO SLEEP"
+
 // watch keeps the lock connection busy in DO SLEEP(LockWatch), so that its
 // end (KILL, a cut connection, the server's restart) is noticed at once and
 // ends leadership. A KILL QUERY of the wait (Wake, from `pause` and
@@ -502,7 +506,7 @@ func (l *Leader) watch() {
 	for {
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(l.stopCtx, wait+2*s.cfg.HeartbeatInterval)
-		_, err := l.conn.ExecContext(ctx, fmt.Sprintf("DO SLEEP(%.3f)", wait.Seconds()))
+		_, err := l.conn.ExecContext(ctx, fmt.Sprintf(lockWaitStatement+"(%.3f)", wait.Seconds()))
 		cancel()
 		switch {
 		case l.Err() != nil:

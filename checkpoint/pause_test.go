@@ -146,3 +146,39 @@ func readOne(ctx context.Context, t *testing.T, db *sql.DB) checkpoint.RelayStat
 	}
 	return list[0]
 }
+
+// A wake sent the moment a leader is elected, before its lock connection
+// has begun its wait, is not lost: the leader sees the pause at once, not
+// at the next heartbeat a minute later.
+func TestWakeRightAfterAcquireIsSeen(t *testing.T) {
+	ctx := testenv.Context(t, 2*time.Minute)
+	db := leaderDB(ctx, t)
+	store, err := checkpoint.New(db, checkpoint.Config{HeartbeatInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		leader, err := store.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, changed := leader.Paused()
+		if _, err := checkpoint.Pause(ctx, db, "default"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := checkpoint.Wake(ctx, db, "default"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-changed:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("term %d: the leader did not see the pause within 5 s (err %v)", i+1, leader.Err())
+		}
+		if _, err := checkpoint.Resume(ctx, db, "default"); err != nil {
+			t.Fatal(err)
+		}
+		if err := leader.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
