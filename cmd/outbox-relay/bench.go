@@ -56,6 +56,8 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	fs.IntVar(&cfg.ShapeBacklog, "shape-backlog", 50_000, "messages in each shape's backlog (the hot key: a fifth)")
 	fs.BoolVar(&cfg.ShapesOnly, "shapes-only", false, "measure the shapes alone: no latency, idle or --backlog catch-up")
 	fs.StringVar(&cfg.BaselineBinary, "baseline-binary", "", "another outbox-relay build whose catch-up of each shape is measured beside this one's, in the same run")
+	var relayFlags string
+	fs.StringVar(&relayFlags, "relay-flags", "", "more flags for every relay bench runs, space-separated (e.g. \"--on-delivered=mark\"); the baseline binary's too")
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of the table")
 	return func(ctx context.Context, inv *invocation) error {
 		if err := noArgs(inv, "bench"); err != nil {
@@ -71,6 +73,7 @@ func setupBench(fs *flag.FlagSet) runFunc {
 		cfg.RelayBinary = exe
 		cfg.MySQLDSN, cfg.MySQL = my.dsn, my.options()
 		cfg.Modes = strings.Split(modes, ",")
+		cfg.RelayFlags = strings.Fields(relayFlags)
 		if shapes != "" {
 			cfg.Shapes = strings.Split(shapes, ",")
 		}

@@ -52,7 +52,10 @@ type Config struct {
 	// catch-up of each shape is measured right after RelayBinary's, in the
 	// same run (its mode is named "<mode> baseline").
 	BaselineBinary string
-	Progress       io.Writer // a progress line for long phases; nil for none
+	// RelayFlags are more flags for every relay run (each after the
+	// flags bench sets, so they may override them).
+	RelayFlags []string
+	Progress   io.Writer // a progress line for long phases; nil for none
 }
 
 // firstURL is the first URL of AMQPURL: the node bench's own connections use.
@@ -148,6 +151,7 @@ type Result struct {
 	Backlog          int                   `json:"backlog"`
 	PayloadBytes     int                   `json:"payload_bytes"`
 	Window           int                   `json:"confirm_window"`
+	RelayFlags       []string              `json:"relay_flags,omitempty"`
 	BareMsgsPerS     Stat                  `json:"bare_publisher_msgs_per_s"`
 	BareLiveMsgsPerS Stat                  `json:"bare_publisher_live_consumer_msgs_per_s"`
 	Modes            map[string]ModeResult `json:"modes"`
@@ -200,7 +204,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	res := &Result{
 		Machine: machine(ctx, db), Runs: cfg.Runs, Rate: cfg.Rate, DurationS: cfg.Duration.Seconds(),
-		Backlog: cfg.Backlog, PayloadBytes: cfg.PayloadBytes, Window: cfg.ConfirmWindow, Modes: map[string]ModeResult{},
+		Backlog: cfg.Backlog, PayloadBytes: cfg.PayloadBytes, Window: cfg.ConfirmWindow, RelayFlags: cfg.RelayFlags, Modes: map[string]ModeResult{},
 	}
 	samples := map[string]map[string][]float64{}
 	var bare, bareLive []float64
@@ -545,6 +549,7 @@ func (b *bencher) startRelayBinary(ctx context.Context, binary, mode string) (*r
 			args = append(args, f[0], f[1])
 		}
 	}
+	args = append(args, b.cfg.RelayFlags...)
 	cmd := exec.CommandContext(ctx, binary, args...)
 	b.logs.Reset()
 	cmd.Stdout, cmd.Stderr = b.logs, b.logs

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -128,4 +129,25 @@ func listenerPID(port int) int {
 		}
 	}
 	return 0
+}
+
+// machineBusy is the CPU seconds every core of the machine spent busy since
+// boot (user, nice, system, irq, softirq and steal of /proc/stat), NaN when
+// unreadable.
+func machineBusy() float64 {
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return math.NaN()
+	}
+	line, _, _ := strings.Cut(string(stat), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return math.NaN()
+	}
+	var busy float64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system (idle iowait) irq softirq steal
+		v, _ := strconv.ParseFloat(f[i], 64)
+		busy += v
+	}
+	return busy / 100
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 )
 
@@ -19,6 +20,9 @@ func (r *Result) Table(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "%s\n%d runs; latency at %.0f msg/s for %.0fs; backlog %d × %d bytes; confirm window %d\n"+
 			"figures: median [min … max]\n\n", r.Machine, r.Runs, r.Rate, r.DurationS, r.Backlog, r.PayloadBytes, r.Window)
+	}
+	if len(r.RelayFlags) > 0 {
+		fmt.Fprintf(w, "relay flags: %s\n", strings.Join(r.RelayFlags, " "))
 	}
 	if len(modes) > 0 {
 		r.modeTable(w, modes)
@@ -67,11 +71,12 @@ func (r *Result) modeTable(w io.Writer, modes []string) {
 // shapeTable prints a row per shape and relay mode: catch-up msg/s beside
 // the bare publisher at window 1000 and at window = keys, and the CPU
 // seconds per 10,000 messages of the relay, the database server and the
-// broker (0: the process is not on this machine).
+// broker (0: the process is not on this machine), the bare publisher's own,
+// and how busy the machine's cores were.
 func (r *Result) shapeTable(w io.Writer) {
 	fmt.Fprintf(w, "\ncatch-up shapes (into the queue, no consumer): median [min … max]; CPU in seconds per 10,000 messages\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "shape\tmode\tmsg/s\tbare w1000\tbare w=keys\tratio w1000\tratio w=keys\trelay CPU\tDB CPU\tbroker CPU\tbare w1000 broker CPU\tbare w=keys broker CPU\trelay RSS MiB")
+	fmt.Fprintln(tw, "shape\tmode\tmsg/s\tbare w1000\tbare w=keys\tratio w1000\tratio w=keys\trelay CPU\tDB CPU\tbroker CPU\tbare w1000 broker CPU\tbare w=keys broker CPU\tbare w=keys publisher CPU\tbusy %\tbare w=keys busy %\trelay RSS MiB")
 	m3 := func(format string, s Stat) string {
 		return fmt.Sprintf(format+" ["+format+" … "+format+"]", s.Median, s.Min, s.Max)
 	}
@@ -84,11 +89,11 @@ func (r *Result) shapeTable(w io.Writer) {
 		name := fmt.Sprintf("%s (%d keys, %d msgs)", s.Shape, s.Keys, s.Messages)
 		for _, mode := range modes {
 			m := s.Modes[mode]
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\n", name, mode,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\n", name, mode,
 				m3("%.0f", m.MsgsPerS), m3("%.0f", s.Bare1000MsgsPerS), m3("%.0f", s.BareKeysMsgsPerS),
 				m3("%.2f", m.RatioToBare1000), m3("%.2f", m.RatioToBareKeys),
 				m.RelayCPUPer10k.Median, m.DBCPUPer10k.Median, m.BrokerCPUPer10k.Median, s.BareBrokerCPUPer10k.Median, s.BareKeysBrokerCPUPer10k.Median,
-				m.RelayPeakRSSMiB.Max)
+				s.BareKeysPublisherCPUPer10k.Median, m.MachineBusyPct.Median, s.BareKeysMachineBusyPct.Median, m.RelayPeakRSSMiB.Max)
 		}
 	}
 	tw.Flush()

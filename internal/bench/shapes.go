@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -61,11 +63,17 @@ type ShapeResult struct {
 	// The bare amqp091 publisher on one channel at window 1000, and at
 	// window = Keys: the most a relay with one unconfirmed message per key
 	// can have on the wire.
-	Bare1000MsgsPerS        Stat                       `json:"bare_window_1000_msgs_per_s"`
-	BareKeysMsgsPerS        Stat                       `json:"bare_window_keys_msgs_per_s"`
-	BareBrokerCPUPer10k     Stat                       `json:"bare_window_1000_broker_cpu_s_per_10k"`
-	BareKeysBrokerCPUPer10k Stat                       `json:"bare_window_keys_broker_cpu_s_per_10k"`
-	Modes                   map[string]ShapeModeResult `json:"modes"`
+	Bare1000MsgsPerS        Stat `json:"bare_window_1000_msgs_per_s"`
+	BareKeysMsgsPerS        Stat `json:"bare_window_keys_msgs_per_s"`
+	BareBrokerCPUPer10k     Stat `json:"bare_window_1000_broker_cpu_s_per_10k"`
+	BareKeysBrokerCPUPer10k Stat `json:"bare_window_keys_broker_cpu_s_per_10k"`
+	// The bare publisher's own CPU (this process) per 10,000 messages, and
+	// the share of the machine's cores busy, at window = Keys: with the
+	// relay mode's figures they tell whether a catch-up was bound by the
+	// machine's CPU (busy near 100) and which process spent it.
+	BareKeysPublisherCPUPer10k Stat                       `json:"bare_window_keys_publisher_cpu_s_per_10k"`
+	BareKeysMachineBusyPct     Stat                       `json:"bare_window_keys_machine_busy_pct"`
+	Modes                      map[string]ShapeModeResult `json:"modes"`
 }
 
 // ShapeModeResult is one relay mode's catch-up of a shape.
@@ -80,6 +88,9 @@ type ShapeModeResult struct {
 	DBCPUPer10k     Stat `json:"db_server_cpu_s_per_10k"`
 	BrokerCPUPer10k Stat `json:"broker_cpu_s_per_10k"`
 	RelayPeakRSSMiB Stat `json:"relay_peak_rss_mib"`
+	// MachineBusyPct is the share of the machine's cores busy during the
+	// catch-up, every process counted.
+	MachineBusyPct Stat `json:"machine_busy_pct"`
 }
 
 // writeShape writes s's backlog while no relay runs. Thousands of small
@@ -164,10 +175,18 @@ func (b *bencher) writeTxn(ctx context.Context, msgs []outbox.Message) error {
 }
 
 // cpuMeter reads the CPU seconds of the database server and the broker
-// when they run on this machine.
+// when they run on this machine, of this process (the bare publisher), and
+// of the whole machine.
 type cpuMeter struct{ dbPID, brokerPID int }
 
-func (m cpuMeter) read() (db, broker float64) {
+// cpuSample is one reading of cpuMeter; NaN where a process was not found.
+type cpuSample struct {
+	db, broker, self float64
+	busy             float64 // CPU seconds of every process on the machine (all cores), from /proc/stat
+	at               time.Time
+}
+
+func (m cpuMeter) read() cpuSample {
 	read := func(pid int) float64 {
 		if pid == 0 {
 			return math.NaN()
@@ -178,7 +197,13 @@ func (m cpuMeter) read() (db, broker float64) {
 		}
 		return v
 	}
-	return read(m.dbPID), read(m.brokerPID)
+	return cpuSample{db: read(m.dbPID), broker: read(m.brokerPID), self: read(os.Getpid()), busy: machineBusy(), at: time.Now()}
+}
+
+// busyPct is the share of the machine's cores that were busy between a
+// and b, in percent.
+func busyPct(a, b cpuSample) float64 {
+	return (b.busy - a.busy) / (b.at.Sub(a.at).Seconds() * float64(runtime.NumCPU())) * 100
 }
 
 // shapeOnce measures shape s once: the bare publisher at window 1000 and
@@ -197,25 +222,29 @@ func (b *bencher) shapeOnce(ctx context.Context, s Shape, run int, m cpuMeter, s
 	per10k := func(v float64) float64 { return v / float64(s.Messages) * 10_000 }
 	var bare1000, bareKeys float64
 	for i, window := range []int{1000, s.Keys} {
+		suffix := map[bool]string{false: "", true: "_keys"}[i == 1]
 		if i == 1 && window == 1000 {
 			bareKeys = bare1000 // the same measurement
-			add("bare", "broker_cpu_keys", samples["bare"]["broker_cpu"][len(samples["bare"]["broker_cpu"])-1])
+			for _, fig := range []string{"broker_cpu", "pub_cpu", "busy"} {
+				add("bare", fig+"_keys", samples["bare"][fig][len(samples["bare"][fig])-1])
+			}
 			break
 		}
 		phase := fmt.Sprintf("run %d %s: bare window %d", run, s.Name, window)
-		_, br0 := m.read()
-		var br1 float64
-		rate, err := b.bareShape(ctx, phase, s, window, func() error { _, br1 = m.read(); return nil })
+		c0 := m.read()
+		var c1 cpuSample
+		rate, err := b.bareShape(ctx, phase, s, window, func() error { c1 = m.read(); return nil })
 		if err != nil {
 			return fmt.Errorf("%s: %w", phase, err)
 		}
 		if i == 0 {
 			bare1000 = rate
-			add("bare", "broker_cpu", per10k(br1-br0))
 		} else {
 			bareKeys = rate
-			add("bare", "broker_cpu_keys", per10k(br1-br0))
 		}
+		add("bare", "broker_cpu"+suffix, per10k(c1.broker-c0.broker))
+		add("bare", "pub_cpu"+suffix, per10k(c1.self-c0.self))
+		add("bare", "busy"+suffix, busyPct(c0, c1))
 	}
 	add("bare", "w1000", bare1000)
 	add("bare", "wkeys", bareKeys)
@@ -237,15 +266,16 @@ func (b *bencher) shapeOnce(ctx context.Context, s Shape, run int, m cpuMeter, s
 			return err
 		}
 		var relay *relayProc
-		var relayCPU, rss, db0, br0, db1, br1 float64
+		var relayCPU, rss float64
+		var c0, c1 cpuSample
 		rate, err := b.toQueueN(ctx, phase, false, s.Messages, func() error {
 			var err error
-			db0, br0 = m.read()
+			c0 = m.read()
 			relay, err = b.startRelayBinary(ctx, rr.binary, rr.mode)
 			return err
 		}, func() error {
 			var err error
-			db1, br1 = m.read()
+			c1 = m.read()
 			relayCPU, rss, err = procUsage(relay.cmd.Process.Pid)
 			return err
 		})
@@ -262,8 +292,9 @@ func (b *bencher) shapeOnce(ctx context.Context, s Shape, run int, m cpuMeter, s
 		add(mode, "ratio1000", rate/bare1000)
 		add(mode, "ratiokeys", rate/bareKeys)
 		add(mode, "relay_cpu", per10k(relayCPU))
-		add(mode, "db_cpu", per10k(db1-db0))
-		add(mode, "broker_cpu", per10k(br1-br0))
+		add(mode, "db_cpu", per10k(c1.db-c0.db))
+		add(mode, "broker_cpu", per10k(c1.broker-c0.broker))
+		add(mode, "busy", busyPct(c0, c1))
 		add(mode, "rss", rss)
 	}
 	return nil
@@ -348,14 +379,16 @@ func shapeResults(shapes []Shape, samples []map[string]map[string][]float64) []S
 		smp := samples[i]
 		r := ShapeResult{Shape: s.Name, Messages: s.Messages, Keys: s.Keys, Modes: map[string]ShapeModeResult{},
 			Bare1000MsgsPerS: statOf(smp["bare"]["w1000"]), BareKeysMsgsPerS: statOf(smp["bare"]["wkeys"]),
-			BareBrokerCPUPer10k: statOf(smp["bare"]["broker_cpu"]), BareKeysBrokerCPUPer10k: statOf(smp["bare"]["broker_cpu_keys"])}
+			BareBrokerCPUPer10k: statOf(smp["bare"]["broker_cpu"]), BareKeysBrokerCPUPer10k: statOf(smp["bare"]["broker_cpu_keys"]),
+			BareKeysPublisherCPUPer10k: statOf(smp["bare"]["pub_cpu_keys"]), BareKeysMachineBusyPct: statOf(smp["bare"]["busy_keys"])}
 		for mode, f := range smp {
 			if mode == "bare" {
 				continue
 			}
 			r.Modes[mode] = ShapeModeResult{MsgsPerS: statOf(f["rate"]), RatioToBare1000: statOf(f["ratio1000"]),
 				RatioToBareKeys: statOf(f["ratiokeys"]), RelayCPUPer10k: statOf(f["relay_cpu"]),
-				DBCPUPer10k: statOf(f["db_cpu"]), BrokerCPUPer10k: statOf(f["broker_cpu"]), RelayPeakRSSMiB: statOf(f["rss"])}
+				DBCPUPer10k: statOf(f["db_cpu"]), BrokerCPUPer10k: statOf(f["broker_cpu"]), RelayPeakRSSMiB: statOf(f["rss"]),
+				MachineBusyPct: statOf(f["busy"])}
 		}
 		out = append(out, r)
 	}
