@@ -334,7 +334,7 @@ func (b *bencher) runOnce(ctx context.Context, mode string, run int) (map[string
 	out["commit_p99"], out["commit_max"] = percentileMs(commits, 0.99), percentileMs(commits, 1)
 
 	b.progress("%s run %d: idle", mode, run)
-	if out["idle_qps"], err = b.idleQueries(ctx, 5*time.Second); err != nil {
+	if out["idle_qps"], err = b.idleQueries(ctx, 6*time.Second); err != nil {
 		return nil, err
 	}
 	cpu, rss, err := procUsage(relay.cmd.Process.Pid)
@@ -480,9 +480,34 @@ func (b *bencher) paced(ctx context.Context, phase string, send func(i int) erro
 	return b.cons.latencies(), nil
 }
 
+// idleSettle is how long idleQueries waits, once the outbox is empty,
+// before it counts: the relay's last acknowledgement of the phase before
+// and the backlog figure it computes after activity are not idle work.
+const idleSettle = 1500 * time.Millisecond
+
 // idleQueries is the server's statements per second over d while nothing
-// is written, less the two of this measurement.
+// is written, less the two of this measurement. It starts once the relay
+// has acknowledged every row and idleSettle has passed.
 func (b *bencher) idleQueries(ctx context.Context, d time.Duration) (float64, error) {
+	for {
+		var pending int
+		if err := b.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").Scan(&pending); err != nil {
+			return 0, fmt.Errorf("idle: count pending rows: %w", err)
+		}
+		if pending == 0 {
+			break
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	select {
+	case <-time.After(idleSettle):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
 	read := func() (float64, error) {
 		var name string
 		var v float64
