@@ -2,9 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -82,12 +82,6 @@ func setupBench(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		if asJSON {
-			enc := json.NewEncoder(inv.stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(res)
-		}
-		res.Table(inv.stdout)
-		return nil
+		return render(inv.stdout, asJSON, res, func(w io.Writer) error { res.Table(w); return nil })
 	}
 }
