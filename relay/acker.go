@@ -109,7 +109,7 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 		Pos: b.Pos, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: p.mode.Load().(string),
 		IDs: b.IDs, MessageIDs: b.MessageIDs, Failed: b.Failed, LastEventAt: b.LastEventAt,
 	}
-	if err := p.r.store.Ack(ctx, p.epoch, ack); err != nil {
+	if err := p.store.Ack(ctx, p.epoch, ack); err != nil {
 		return err
 	}
 	p.tracker.Release(b.Bytes)

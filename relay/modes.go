@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/canal"
-	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -32,7 +31,7 @@ type modeSwitch struct{ to, reason string }
 // loss or a fatal error. While an operator has paused the relay it holds
 // leadership and reads nothing (holdPaused); a resume starts the mode again
 // from the stored checkpoint, which then holds everything published.
-func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
+func (r *Relay) lead(ctx context.Context, leader lease) error {
 	defer r.maintainWhileLeading(ctx, leader)()
 	defer r.watchBacklog(ctx)()
 	defer r.watchBroker(ctx, leader)()
@@ -74,7 +73,7 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 			// binlog handover rather than trust the old binlog position.
 			stored = ModePoll
 		}
-		if err := r.store.SetMode(ctx, leader.Epoch(), stored, "mode "+mode+": "+reason); err != nil {
+		if err := r.progress.SetMode(ctx, leader.Epoch(), stored, "mode "+mode+": "+reason); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -193,7 +192,7 @@ func (w *troubleWatch) onRetry(err error, attempt int) {
 // runPoll delivers with the poller until shutdown or leadership loss; in auto
 // mode it re-probes the binlog every --binlog-retry-interval and hands over
 // to binlog mode when the server serves it again.
-func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSwitch, error) {
+func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) {
 	// pollCtx outlives ctx: on shutdown the rounds under way commit (bounded
 	// by ShutdownTimeout) so a clean stop repeats nothing; it ends at once
 	// when leadership is lost.
@@ -209,7 +208,7 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 	// A promoted replica, or a VIP that moved, may lack what was published
 	// (in binlog mode, by this or an earlier term): polling it would hide
 	// the loss. Checked on every poll term, before anything is published.
-	progress, err := r.store.Load(pollCtx)
+	progress, err := r.progress.Load(pollCtx)
 	if err != nil {
 		return nil, err
 	}
@@ -359,7 +358,7 @@ func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 // leader.Valid between its claim and its first publish
 // (poller.Config.Leading): one that finds the lease expired is rolled back
 // unpublished and ends the call with checkpoint.ErrLeaseExpired.
-func (r *Relay) newPoller(pub *publish.Publisher, leader *checkpoint.Leader) (*poller.Poller, error) {
+func (r *Relay) newPoller(pub *publish.Publisher, leader lease) (*poller.Poller, error) {
 	p, err := poller.New(r.db, pub, r.store, leader.Epoch(), poller.Config{
 		Table: r.cfg.Table, OnDelivered: r.cfg.OnDelivered, Interval: r.cfg.PollInterval,
 		Batch: r.cfg.PollBatch, Workers: r.cfg.PollWorkers, DefaultExchange: r.cfg.DefaultExchange,

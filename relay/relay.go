@@ -37,8 +37,11 @@ type Relay struct {
 	cfg   Config
 	log   *zap.Logger
 	db    *sql.DB
-	store *checkpoint.Store
-	canal canal.Config
+	store *checkpoint.Store // leadership, instances, status FAILED; the poller's store
+	// progress is store as a leader term's modes use it (the seam the
+	// unit tests fill with a fake).
+	progress progressStore
+	canal    canal.Config
 
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool  // leading in poll mode
@@ -153,7 +156,7 @@ func New(cfg Config) (*Relay, error) {
 	}
 	cc := target.Binlog()
 	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
-	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, state: state, canal: cc}
+	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, progress: store, state: state, canal: cc}
 	r.canal.OwnServerID = store.Led
 	r.canal.OnServerIDUnchecked = func(reason string) {
 		r.serverIDUnchecked.Do(func() { r.log.Named("canal").Info("preflight: " + reason) })

@@ -237,7 +237,7 @@ func (h *handler) flushWindow(ctx context.Context) error {
 	for i, rec := range buf {
 		ids[i] = rec.ID
 	}
-	pending, err := p.r.store.Pending(ctx, ids)
+	pending, err := p.store.Pending(ctx, ids)
 	if err != nil {
 		return err
 	}
