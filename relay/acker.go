@@ -61,7 +61,7 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 		}
 		last = time.Now()
 		err := p.flushAck(ctx, final)
-		p.r.saveState()
+		p.r.failover.save()
 		p.observe(ctx)
 		switch {
 		case err == nil:
@@ -117,9 +117,7 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	m.MessagesFailed(len(ack.Failed))
 	if ack.HasPos {
 		p.ackedPos = b.Pos
-		if err := p.r.published.acked(b.Pos); err != nil {
-			p.r.log.Warn("acknowledged position not recorded for the failover check", zap.Error(err))
-		}
+		p.r.failover.acked(b.Pos)
 	}
 	if !b.LastEventAt.IsZero() {
 		p.lastEventAt = b.LastEventAt

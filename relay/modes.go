@@ -98,7 +98,7 @@ func (r *Relay) lead(ctx context.Context, leader lease) error {
 			next, err = r.runPoll(runCtx, leader)
 		} else {
 			next, err = r.runBinlog(runCtx, leader)
-			r.saveState()                   // what the lanes sent after the acker's last round
+			r.failover.save()               // what the lanes sent after the acker's last round
 			r.cfg.Metrics.SetInflight(0, 0) // the pipeline has ended: nothing of it is in flight
 		}
 		pausing := runCtx.Err() != nil && ctx.Err() == nil
@@ -212,7 +212,7 @@ func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) 
 	if err != nil {
 		return nil, err
 	}
-	if _, err := r.checkNotLost(pollCtx, progress.Position); err != nil {
+	if _, err := r.failover.checkNotLost(pollCtx, progress.Position); err != nil {
 		return nil, err
 	}
 	publisher, err := r.newPublisher(pollCtx)

@@ -272,7 +272,7 @@ func (p *pipeline) runLane(ctx context.Context, i int) error {
 		}
 		// Before the publish: the failover check must know of every
 		// transaction a message of which may have reached the broker.
-		p.r.published.sent(item.tk.Record())
+		p.r.failover.sent(item.tk.Record())
 		if err := ch.Publish(ctx, item.msg); err != nil {
 			return fmt.Errorf("lane %d: %w", i, err)
 		}

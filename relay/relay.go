@@ -59,12 +59,10 @@ type Relay struct {
 	// it has waited for confirmations.
 	pub atomic.Pointer[publish.Publisher]
 
-	// published is what this process has published (publishedLog), kept
-	// across reconnects and leader terms: the failover check compares it
-	// with every server it resumes on.
-	published    publishedLog
-	state        *stateFile // nil without Config.StateFile
-	stateFailing bool       // the last write of the state file failed (logged once); acker goroutine only
+	// failover is what this process has published, kept across
+	// reconnects and leader terms, and the check that compares it with
+	// every server it resumes on.
+	failover *failoverCheck
 
 	// serverIDUnchecked logs once per process that the binlog preflight
 	// could not check --server-id (it runs again at every re-probe).
@@ -156,7 +154,9 @@ func New(cfg Config) (*Relay, error) {
 	}
 	cc := target.Binlog()
 	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
-	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, progress: store, state: state, canal: cc}
+	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, progress: store, canal: cc}
+	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
+		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
 	r.canal.OwnServerID = store.Led
 	r.canal.OnServerIDUnchecked = func(reason string) {
 		r.serverIDUnchecked.Do(func() { r.log.Named("canal").Info("preflight: " + reason) })
@@ -177,7 +177,7 @@ func (r *Relay) Close() error { return r.db.Close() }
 // beats it each time it looks for leadership (every StandbyRetry at most), a
 // leader once per term, and Run deletes it when it returns.
 func (r *Relay) Run(ctx context.Context) error {
-	if err := r.loadState(); err != nil {
+	if err := r.failover.load(); err != nil {
 		return err
 	}
 	if err := r.preflight(ctx); err != nil {

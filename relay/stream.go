@@ -25,7 +25,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	stored := position.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)}
 	// A promoted replica, or a VIP that moved, may lack what was published:
 	// checked on every term, before anything is read (docs/operations.md).
-	lost, err := r.checkNotLost(ctx, stored)
+	lost, err := r.failover.checkNotLost(ctx, stored)
 	if err != nil {
 		return err
 	}
@@ -92,9 +92,9 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 			return positionError(err)
 		}
 	}
-	r.published.startTerm(from.Flavor)
+	r.failover.startTerm(from.Flavor)
 	cc := r.canal
-	cc.CheckServer = r.checkReconnect
+	cc.CheckServer = r.failover.checkReconnect
 	cc.OnRetry = func(err error, attempt int) {
 		r.cfg.Metrics.Reconnected(metrics.TargetBinlog)
 		p.watch.onRetry(err, attempt)
