@@ -106,7 +106,7 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 		return nil
 	}
 	ack := checkpoint.Ack{
-		Pos: b.Pos, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: p.mode.Load().(string),
+		Pos: b.Pos, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: string(p.mode.Load().(Mode)),
 		IDs: b.IDs, MessageIDs: b.MessageIDs, Failed: b.Failed, LastEventAt: b.LastEventAt,
 	}
 	if err := p.store.Ack(ctx, p.epoch, ack); err != nil {

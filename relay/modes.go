@@ -16,15 +16,23 @@ import (
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
-// The modes of --mode.
+// Mode is how a relay reads the outbox: Config.Mode, and the mode a leader
+// term runs in (ModeBinlog or ModePoll). Its text is what the progress row
+// stores, the metrics label and the logs print.
+type Mode string
+
+// The modes of Config.Mode.
 const (
-	ModeAuto   = "auto"   // binlog when the server allows it, else poll; switch as it changes
-	ModeBinlog = "binlog" // binlog only: a server that cannot serve it is a configuration error
-	ModePoll   = "poll"   // the SKIP LOCKED poller only
+	ModeAuto   Mode = "auto"   // binlog when the server allows it, else poll; switch as it changes
+	ModeBinlog Mode = "binlog" // binlog only: a server that cannot serve it is a configuration error
+	ModePoll   Mode = "poll"   // the SKIP LOCKED poller only
 )
 
 // modeSwitch asks the leader term to continue in another mode.
-type modeSwitch struct{ to, reason string }
+type modeSwitch struct {
+	to     Mode
+	reason string
+}
 
 // lead runs one leader term: it picks the mode and runs it, switching
 // between binlog and poll as the server allows, until shutdown, leadership
@@ -36,7 +44,10 @@ func (r *Relay) lead(ctx context.Context, leader lease) error {
 	defer r.watchBacklog(ctx)()
 	defer r.watchBroker(ctx, leader)()
 	r.logCheckpoint(ctx, "resuming from the checkpoint")
-	var mode, reason string
+	var (
+		mode   Mode
+		reason string
+	)
 	for {
 		paused, changed := leader.Paused()
 		if paused {
@@ -58,22 +69,22 @@ func (r *Relay) lead(ctx context.Context, leader lease) error {
 			// how to fix each.
 			logMode = r.log.Warn
 		}
-		logMode("mode", zap.String("mode", mode), zap.String("reason", reason))
+		logMode("mode", zap.String("mode", string(mode)), zap.String("reason", reason))
 		r.mode.Store(mode)
-		r.cfg.Metrics.SetMode(mode)
+		r.cfg.Metrics.SetMode(string(mode))
 		if mode == ModePoll {
 			r.cfg.Metrics.SetRetentionHeadroom(math.NaN()) // no binlog position to lose
 		}
 		if r.cfg.OnMode != nil {
 			r.cfg.OnMode(mode, reason)
 		}
-		stored := ""
+		var stored Mode
 		if mode == ModePoll {
 			// Stored at once: a restart after polling must run the poll →
 			// binlog handover rather than trust the old binlog position.
 			stored = ModePoll
 		}
-		if err := r.progress.SetMode(ctx, leader.Epoch(), stored, "mode "+mode+": "+reason); err != nil {
+		if err := r.progress.SetMode(ctx, leader.Epoch(), string(stored), "mode "+string(mode)+": "+reason); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -116,7 +127,7 @@ func (r *Relay) lead(ctx context.Context, leader lease) error {
 }
 
 // startMode picks the first mode of a term.
-func (r *Relay) startMode(ctx context.Context) (mode, reason string) {
+func (r *Relay) startMode(ctx context.Context) (mode Mode, reason string) {
 	switch r.cfg.Mode {
 	case ModePoll:
 		return ModePoll, "--mode poll"

@@ -20,7 +20,7 @@ func (r *Relay) holdPaused(ctx context.Context, leader lease) error {
 	r.tailing.Store(false)
 	r.brokerDown.Store("") // the publisher is closed while paused
 	r.pub.Store(nil)
-	r.mode.Store("")
+	r.mode.Store(Mode(""))
 	r.cfg.Metrics.SetMode("")
 	r.paused.Store(true)
 	defer r.paused.Store(false)

@@ -36,7 +36,7 @@ type pipeline struct {
 	watch     *troubleWatch
 	delayed   chan struct{} // capacity 1: the stream skipped a delayed row
 	fallback  atomic.Value  // string: why binlog mode gave way to polling
-	mode      atomic.Value  // string stored with acknowledgements: "poll" until the handover window closes
+	mode      atomic.Value  // Mode stored with acknowledgements: ModePoll until the handover window closes
 
 	ackMu       sync.Mutex
 	pendingAck  ordering.Batch[position.Position]
@@ -218,7 +218,7 @@ func (r *Relay) newPipeline(leader lease, pub *publish.Publisher, cancelRead con
 		lastAck: time.Now(), cancelRead: cancelRead, stop: make(chan struct{}),
 		delayed: make(chan struct{}, 1),
 	}
-	p.mode.Store("binlog")
+	p.mode.Store(ModeBinlog)
 	p.watch = &troubleWatch{r: r, stop: func(reason string) {
 		p.fallback.Store(reason)
 		cancelRead()

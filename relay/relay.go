@@ -46,7 +46,7 @@ type Relay struct {
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool  // leading in poll mode
 	paused  atomic.Bool  // leading a relay an operator paused, stopped
-	mode    atomic.Value // string: the mode of the current term
+	mode    atomic.Value // Mode: the mode of the current term
 	backlog backlogHint  // what binlog mode knows of the backlog, for the backlog watch (backlog.go)
 
 	notReady atomic.Value // string: why the relay is not ready ("" when a healthy standby)
@@ -184,7 +184,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.markFailed(ctx, 0, err)
 		return err
 	}
-	r.mode.Store("")
+	r.mode.Store(Mode(""))
 	r.notReady.Store("starting")
 	m := r.cfg.Metrics
 	row := &instanceRow{r: r}
