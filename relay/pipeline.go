@@ -118,14 +118,10 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 
 	p := r.newPipeline(leader, publisher, cancelRead)
 	g.Go("stop-reading", cancelRead, func() error { p.stopReading(ctx, readCtx); return nil })
-	if err := p.openLanes(publisher); err != nil {
+	if err := p.openLanes(func(onResult func(publish.Result)) (sink, error) { return publisher.NewChannel(onResult) }); err != nil {
 		return nil, err
 	}
-	for i := range p.queues {
-		g.Go("lane", func() { close(p.queues[i]) }, func() error { return p.runLane(pubCtx, i) })
-	}
-	ackStop := make(chan struct{})
-	g.Go("acker", func() { close(ackStop) }, func() error { return p.acker(pubCtx, ackStop) })
+	p.start(&g, pubCtx)
 	sweepStop := make(chan struct{})
 	g.Go("sweep-delayed", func() { close(sweepStop) }, func() error { p.sweepDelayed(pubCtx, sweepStop); return nil })
 
@@ -226,13 +222,24 @@ func (r *Relay) newPipeline(leader lease, pub *publish.Publisher, cancelRead con
 	return p
 }
 
-// openLanes opens one sink per lane on pub, with its queue.
-func (p *pipeline) openLanes(pub *publish.Publisher) error {
+// start runs the lanes and the acker in g, publishing and acknowledging
+// under pubCtx.
+func (p *pipeline) start(g *group, pubCtx context.Context) {
+	for i := range p.queues {
+		g.Go("lane", func() { close(p.queues[i]) }, func() error { return p.runLane(pubCtx, i) })
+	}
+	ackStop := make(chan struct{})
+	g.Go("acker", func() { close(ackStop) }, func() error { return p.acker(pubCtx, ackStop) })
+}
+
+// openLanes opens one sink per lane with open (whose callback gets every
+// result of the sink), with its queue.
+func (p *pipeline) openLanes(open func(onResult func(publish.Result)) (sink, error)) error {
 	p.queues = make([]chan *laneItem, p.lanes.N())
 	p.channels = make([]sink, p.lanes.N())
 	for i := range p.queues {
 		p.queues[i] = make(chan *laneItem, p.r.cfg.ConfirmWindow)
-		ch, err := pub.NewChannel(p.onResult)
+		ch, err := open(p.onResult)
 		if err != nil {
 			return fmt.Errorf("open publishing lane %d: %w", i, err)
 		}
