@@ -44,6 +44,20 @@ func (r *Relay) lead(ctx context.Context, leader lease) error {
 	defer r.watchBacklog(ctx)()
 	defer r.watchBroker(ctx, leader)()
 	r.logCheckpoint(ctx, "resuming from the checkpoint")
+	return r.runModes(ctx, leader)
+}
+
+// modeRunners runs a term's modes: New wires the Relay's own (startMode,
+// runBinlog, runPoll); the unit tests put fakes in their place.
+type modeRunners struct {
+	start  func(ctx context.Context) (Mode, string)
+	binlog func(ctx context.Context, leader lease) (*modeSwitch, error)
+	poll   func(ctx context.Context, leader lease) (*modeSwitch, error)
+}
+
+// runModes is lead's loop: it picks the mode, records it, runs it until it
+// ends or asks to switch, and holds an operator's pause in between.
+func (r *Relay) runModes(ctx context.Context, leader lease) error {
 	var (
 		mode   Mode
 		reason string
@@ -61,59 +75,15 @@ func (r *Relay) lead(ctx context.Context, leader lease) error {
 			continue
 		}
 		if mode == "" {
-			mode, reason = r.startMode(ctx)
+			mode, reason = r.modes.start(ctx)
 		}
-		logMode := r.log.Info
-		if mode == ModePoll && r.cfg.Mode == ModeAuto {
-			// A fallback: the reason lists what keeps binlog mode off and
-			// how to fix each.
-			logMode = r.log.Warn
-		}
-		logMode("mode", zap.String("mode", string(mode)), zap.String("reason", reason))
-		r.mode.Store(mode)
-		r.cfg.Metrics.SetMode(string(mode))
-		if mode == ModePoll {
-			r.cfg.Metrics.SetRetentionHeadroom(math.NaN()) // no binlog position to lose
-		}
-		if r.cfg.OnMode != nil {
-			r.cfg.OnMode(mode, reason)
-		}
-		var stored Mode
-		if mode == ModePoll {
-			// Stored at once: a restart after polling must run the poll →
-			// binlog handover rather than trust the old binlog position.
-			stored = ModePoll
-		}
-		if err := r.progress.SetMode(ctx, leader.Epoch(), string(stored), "mode "+string(mode)+": "+reason); err != nil {
+		if err := r.enterMode(ctx, leader, mode, reason); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
-		// A pause ends the mode as a shutdown does: reading stops at a
-		// transaction boundary (binlog) or after the rounds under way
-		// (poll), and what was published is confirmed and acknowledged.
-		runCtx, stopRun := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-changed:
-				stopRun()
-			case <-runCtx.Done():
-			}
-		}()
-		var (
-			next *modeSwitch
-			err  error
-		)
-		if mode == ModePoll {
-			next, err = r.runPoll(runCtx, leader)
-		} else {
-			next, err = r.runBinlog(runCtx, leader)
-			r.failover.save()               // what the lanes sent after the acker's last round
-			r.cfg.Metrics.SetInflight(0, 0) // the pipeline has ended: nothing of it is in flight
-		}
-		pausing := runCtx.Err() != nil && ctx.Err() == nil
-		stopRun()
+		next, pausing, err := r.runMode(ctx, leader, mode, changed)
 		switch {
 		case err != nil:
 			return err
@@ -124,6 +94,60 @@ func (r *Relay) lead(ctx context.Context, leader lease) error {
 		}
 		mode, reason = next.to, next.reason
 	}
+}
+
+// enterMode announces mode (log, metrics, Config.OnMode) and stores it in
+// the progress row with why.
+func (r *Relay) enterMode(ctx context.Context, leader lease, mode Mode, reason string) error {
+	logMode := r.log.Info
+	if mode == ModePoll && r.cfg.Mode == ModeAuto {
+		// A fallback: the reason lists what keeps binlog mode off and
+		// how to fix each.
+		logMode = r.log.Warn
+	}
+	logMode("mode", zap.String("mode", string(mode)), zap.String("reason", reason))
+	r.mode.Store(mode)
+	r.cfg.Metrics.SetMode(string(mode))
+	if mode == ModePoll {
+		r.cfg.Metrics.SetRetentionHeadroom(math.NaN()) // no binlog position to lose
+	}
+	if r.cfg.OnMode != nil {
+		r.cfg.OnMode(mode, reason)
+	}
+	var stored Mode
+	if mode == ModePoll {
+		// Stored at once: a restart after polling must run the poll →
+		// binlog handover rather than trust the old binlog position.
+		stored = ModePoll
+	}
+	return r.progress.SetMode(ctx, leader.Epoch(), string(stored), "mode "+string(mode)+": "+reason)
+}
+
+// runMode runs mode until it ends (next nil), asks to switch (next), fails,
+// or an operator's pause (pauseChanged closes) stops it: pausing. A pause
+// ends the mode as a shutdown does: reading stops at a transaction boundary
+// (binlog) or after the rounds under way (poll), and what was published is
+// confirmed and acknowledged.
+func (r *Relay) runMode(ctx context.Context, leader lease, mode Mode, pauseChanged <-chan struct{}) (next *modeSwitch, pausing bool, err error) {
+	runCtx, stopRun := context.WithCancel(ctx)
+	done := make(chan struct{})
+	defer func() { stopRun(); <-done }() // the pause watch ends with the mode
+	go func() {
+		defer close(done)
+		select {
+		case <-pauseChanged:
+			stopRun()
+		case <-runCtx.Done():
+		}
+	}()
+	if mode == ModePoll {
+		next, err = r.modes.poll(runCtx, leader)
+	} else {
+		next, err = r.modes.binlog(runCtx, leader)
+		r.failover.save()               // what the lanes sent after the acker's last round
+		r.cfg.Metrics.SetInflight(0, 0) // the pipeline has ended: nothing of it is in flight
+	}
+	return next, runCtx.Err() != nil && ctx.Err() == nil, err
 }
 
 // startMode picks the first mode of a term.

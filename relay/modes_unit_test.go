@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.uber.org/zap/zaptest"
@@ -136,5 +138,138 @@ func TestUnitHoldPaused(t *testing.T) {
 	lease.Lose(lost)
 	if err := <-done; !errors.Is(err, lost) {
 		t.Fatalf("leadership lost while paused: %v, want %v", err, lost)
+	}
+}
+
+// fakeModes scripts the modes of a term: each call of a mode takes the next
+// step of its list.
+type fakeModes struct {
+	mu      sync.Mutex
+	starts  int
+	binlog  []func(ctx context.Context) (*modeSwitch, error)
+	poll    []func(ctx context.Context) (*modeSwitch, error)
+	entered []Mode // OnMode, in order
+}
+
+func (f *fakeModes) wire(r *Relay) {
+	r.cfg.OnMode = func(mode Mode, reason string) {
+		f.mu.Lock()
+		f.entered = append(f.entered, mode)
+		f.mu.Unlock()
+	}
+	r.modes = modeRunners{
+		start: func(ctx context.Context) (Mode, string) {
+			f.mu.Lock()
+			f.starts++
+			f.mu.Unlock()
+			return ModeBinlog, "the server serves the binlog"
+		},
+		binlog: func(ctx context.Context, _ lease) (*modeSwitch, error) { return f.next(&f.binlog)(ctx) },
+		poll:   func(ctx context.Context, _ lease) (*modeSwitch, error) { return f.next(&f.poll)(ctx) },
+	}
+}
+
+func (f *fakeModes) next(steps *[]func(ctx context.Context) (*modeSwitch, error)) func(ctx context.Context) (*modeSwitch, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(*steps) == 0 {
+		return func(context.Context) (*modeSwitch, error) { return nil, errors.New("mode run more often than scripted") }
+	}
+	step := (*steps)[0]
+	*steps = (*steps)[1:]
+	return step
+}
+
+func switchTo(m Mode, why string) func(context.Context) (*modeSwitch, error) {
+	return func(context.Context) (*modeSwitch, error) { return &modeSwitch{to: m, reason: why}, nil }
+}
+
+func endTerm(context.Context) (*modeSwitch, error) { return nil, nil }
+
+// A term switches binlog → poll → binlog as its modes ask, announcing each
+// (Config.OnMode) and storing it: mode poll is stored at once (a restart
+// after polling runs the handover), binlog as "". It ends when a mode ends
+// without a switch, and with the error of a mode that fails.
+func TestUnitModeSwitches(t *testing.T) {
+	store := newFakeStore()
+	r := unitRelay(t, store, nil)
+	f := &fakeModes{
+		binlog: []func(context.Context) (*modeSwitch, error){switchTo(ModePoll, "binlog purged"), endTerm},
+		poll:   []func(context.Context) (*modeSwitch, error){switchTo(ModeBinlog, "the binlog is readable again")},
+	}
+	f.wire(r)
+	if err := r.runModes(context.Background(), newFakeLease(3)); err != nil {
+		t.Fatalf("term: %v", err)
+	}
+	if want := []Mode{ModeBinlog, ModePoll, ModeBinlog}; !slices.Equal(f.entered, want) {
+		t.Fatalf("modes entered %v, want %v", f.entered, want)
+	}
+	if want := []string{"", "poll", ""}; !slices.Equal(store.modes, want) {
+		t.Fatalf("modes stored %q, want %q", store.modes, want)
+	}
+
+	failed := errors.New("acknowledgement failed")
+	f = &fakeModes{binlog: []func(context.Context) (*modeSwitch, error){
+		func(context.Context) (*modeSwitch, error) { return nil, failed },
+	}}
+	f.wire(r)
+	if err := r.runModes(context.Background(), newFakeLease(4)); !errors.Is(err, failed) {
+		t.Fatalf("term with a failing mode: %v, want %v", err, failed)
+	}
+}
+
+// An operator's pause stops the running mode as a shutdown does, holds
+// leadership (the pause is recorded), and a resume picks the mode afresh
+// (the checkpoint may have been moved meanwhile). A shutdown ends the term
+// without a pause.
+func TestUnitPauseAndResumeTerm(t *testing.T) {
+	store := newFakeStore()
+	r := unitRelay(t, store, nil)
+	lease := newFakeLease(5)
+	running := make(chan struct{})
+	f := &fakeModes{binlog: []func(context.Context) (*modeSwitch, error){
+		func(ctx context.Context) (*modeSwitch, error) {
+			close(running)
+			<-ctx.Done() // stopped by the pause
+			return nil, nil
+		},
+		endTerm,
+	}}
+	f.wire(r)
+	done := make(chan error, 1)
+	go func() { done <- r.runModes(context.Background(), lease) }()
+	<-running
+	lease.setPaused(true)
+	store.until(t, "the pause is recorded", func() bool {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return len(store.paused) == 1
+	})
+	lease.setPaused(false)
+	if err := <-done; err != nil {
+		t.Fatalf("term: %v", err)
+	}
+	if f.starts != 2 {
+		t.Fatalf("mode picked %d times, want once at the start and once after the resume", f.starts)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	running = make(chan struct{})
+	f = &fakeModes{binlog: []func(context.Context) (*modeSwitch, error){
+		func(ctx context.Context) (*modeSwitch, error) {
+			close(running)
+			<-ctx.Done()
+			return nil, nil
+		},
+	}}
+	f.wire(r)
+	go func() { done <- r.runModes(ctx, newFakeLease(6)) }()
+	<-running
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if len(store.paused) != 1 {
+		t.Fatalf("a shutdown recorded a pause (%v)", store.paused)
 	}
 }

@@ -42,6 +42,7 @@ type Relay struct {
 	// unit tests fill with a fake).
 	progress progressStore
 	canal    canal.Config
+	modes    modeRunners // the modes a term runs
 
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool  // leading in poll mode
@@ -155,6 +156,7 @@ func New(cfg Config) (*Relay, error) {
 	cc := target.Binlog()
 	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
 	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, progress: store, canal: cc}
+	r.modes = modeRunners{start: r.startMode, binlog: r.runBinlog, poll: r.runPoll}
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
 	r.canal.OwnServerID = store.Led
