@@ -197,8 +197,11 @@ func (r *Relay) fallbackReason(err error) string {
 // always progresses: the leader's heartbeat is a transaction every few
 // seconds.
 type troubleWatch struct {
-	r     *Relay
-	stop  func(reason string)
+	r    *Relay
+	stop func(reason string)
+	// ping reaches the database (the Relay's pool): polling helps only
+	// while it answers.
+	ping  func(ctx context.Context) error
 	mu    sync.Mutex
 	since time.Time // the first failure since the last progress
 	fired bool
@@ -216,7 +219,7 @@ func (w *troubleWatch) onRetry(err error, attempt int) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if w.r.db.PingContext(ctx) != nil {
+	if w.ping(ctx) != nil {
 		return // the database is down too: polling would not help
 	}
 	w.fired = true

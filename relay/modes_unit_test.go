@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 
@@ -271,5 +272,62 @@ func TestUnitPauseAndResumeTerm(t *testing.T) {
 	}
 	if len(store.paused) != 1 {
 		t.Fatalf("a shutdown recorded a pause (%v)", store.paused)
+	}
+}
+
+// In --mode auto, binlog trouble that lasts Config.FallbackAfter (counted
+// from the first failed attempt since the stream last progressed) while
+// the database answers sends the relay to poll mode, once; trouble while
+// the database is down too does not, nor any in --mode binlog.
+func TestUnitTroubleFallback(t *testing.T) {
+	const after = time.Minute
+	cases := []struct {
+		name   string
+		mode   Mode
+		dbDown bool
+		want   bool
+	}{
+		{"auto, database answers", ModeAuto, false, true},
+		{"auto, database down", ModeAuto, true, false},
+		{"binlog", ModeBinlog, false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := unitRelay(t, newFakeStore(), func(c *Config) { c.Mode, c.FallbackAfter = tc.mode, after })
+			var reasons []string
+			w := &troubleWatch{r: r, stop: func(reason string) { reasons = append(reasons, reason) },
+				ping: func(context.Context) error {
+					if tc.dbDown {
+						return errors.New("connection refused")
+					}
+					return nil
+				}}
+			streamErr := errors.New("binlog connection reset")
+			w.onRetry(streamErr, 1)
+			w.onRetry(streamErr, 2)
+			if len(reasons) != 0 {
+				t.Fatalf("fell back at once: %q", reasons)
+			}
+			// The trouble began longer ago than FallbackAfter (the clock
+			// is the watch's own field: no waiting).
+			w.mu.Lock()
+			w.since = time.Now().Add(-after - time.Second)
+			w.mu.Unlock()
+			w.onRetry(streamErr, 3)
+			w.onRetry(streamErr, 4)
+			if got := len(reasons) == 1; got != tc.want || len(reasons) > 1 {
+				t.Fatalf("fallbacks %q, want one: %v", reasons, tc.want)
+			}
+			if tc.want && !strings.Contains(reasons[0], streamErr.Error()) {
+				t.Fatalf("reason %q does not name the stream's error", reasons[0])
+			}
+			// Progress (attempt 1 again) starts the clock over.
+			w2 := &troubleWatch{r: r, stop: func(string) { t.Fatal("fell back after progress") }, ping: func(context.Context) error { return nil }}
+			w2.onRetry(streamErr, 1)
+			w2.mu.Lock()
+			w2.since = time.Now().Add(-after - time.Second)
+			w2.mu.Unlock()
+			w2.onRetry(streamErr, 1)
+		})
 	}
 }

@@ -215,7 +215,7 @@ func (r *Relay) newPipeline(leader lease, pub *publish.Publisher, cancelRead con
 		delayed: make(chan struct{}, 1),
 	}
 	p.mode.Store(ModeBinlog)
-	p.watch = &troubleWatch{r: r, stop: func(reason string) {
+	p.watch = &troubleWatch{r: r, ping: r.ping1, stop: func(reason string) {
 		p.fallback.Store(reason)
 		cancelRead()
 	}}

@@ -347,6 +347,9 @@ func (r *Relay) ping(ctx context.Context) error {
 	}
 }
 
+// ping1 pings the database once.
+func (r *Relay) ping1(ctx context.Context) error { return r.db.PingContext(ctx) }
+
 // checkTables makes sure the tables migrate creates exist with every column
 // this version uses, and that the relay's user may do what the relay does
 // with them (checkGrants): without them the relay could only retry
