@@ -174,7 +174,9 @@ func (f *fakeModes) next(steps *[]func(ctx context.Context) (*modeSwitch, error)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(*steps) == 0 {
-		return func(context.Context) (*modeSwitch, error) { return nil, errors.New("mode run more often than scripted") }
+		return func(context.Context) (*modeSwitch, error) {
+			return nil, errors.New("mode run more often than scripted")
+		}
 	}
 	step := (*steps)[0]
 	*steps = (*steps)[1:]
