@@ -61,7 +61,7 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 		}
 		last = time.Now()
 		err := p.flushAck(ctx, final)
-		p.r.saveState()
+		p.r.failover.save()
 		p.observe(ctx)
 		switch {
 		case err == nil:
@@ -106,10 +106,10 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 		return nil
 	}
 	ack := checkpoint.Ack{
-		Pos: b.Pos, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: p.mode.Load().(string),
+		Pos: b.Pos, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: string(p.mode.Load().(Mode)),
 		IDs: b.IDs, MessageIDs: b.MessageIDs, Failed: b.Failed, LastEventAt: b.LastEventAt,
 	}
-	if err := p.r.store.Ack(ctx, p.epoch, ack); err != nil {
+	if err := p.store.Ack(ctx, p.epoch, ack); err != nil {
 		return err
 	}
 	p.tracker.Release(b.Bytes)
@@ -117,9 +117,7 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	m.MessagesFailed(len(ack.Failed))
 	if ack.HasPos {
 		p.ackedPos = b.Pos
-		if err := p.r.published.acked(b.Pos); err != nil {
-			p.r.log.Warn("acknowledged position not recorded for the failover check", zap.Error(err))
-		}
+		p.r.failover.acked(b.Pos)
 	}
 	if !b.LastEventAt.IsZero() {
 		p.lastEventAt = b.LastEventAt

@@ -35,7 +35,7 @@ func reportOf(node string, wait time.Duration) brokerReport {
 // at the publisher in memory every brokerEvery and writes only on a change,
 // so an idle relay adds no statement (one at the start of a term). stop ends the goroutine and clears
 // both columns: a row without a leader names no broker.
-func (r *Relay) watchBroker(ctx context.Context, leader *checkpoint.Leader) (stop func()) {
+func (r *Relay) watchBroker(ctx context.Context, leader lease) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	// Unknown at the start of a term: the row may hold a dead leader's

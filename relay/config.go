@@ -66,7 +66,7 @@ type Config struct {
 	// rotated password needs no restart. MySQLDSN must then have none.
 	MySQLPasswordFile string
 
-	Mode                string        // ModeAuto (default), ModeBinlog or ModePoll
+	Mode                Mode          // ModeAuto (default), ModeBinlog or ModePoll
 	FallbackAfter       time.Duration // auto: binlog trouble this long (database answering) → poll; default 30s
 	BinlogRetryInterval time.Duration // auto, polling: how often the binlog is probed again; default 30s
 	PollInterval        time.Duration // poll: an idle worker's wait between rounds; default 100ms
@@ -93,7 +93,7 @@ type Config struct {
 	Tracer trace.Tracer
 	// OnMode, if set, is told each mode a leader term enters (binlog or
 	// poll) and why, from the relay's goroutine; it must not block.
-	OnMode func(mode, reason string)
+	OnMode func(mode Mode, reason string)
 	// Maintenance, if set, is called at the start of each leader term and
 	// then every MaintenanceInterval (default 1h) while this instance leads,
 	// never on a standby; calls do not overlap. Its context ends with the
@@ -208,7 +208,7 @@ func (c *Config) mysqlOptions() mysqlconn.Options {
 }
 
 // setDefault sets *v to d when it is zero (or, for numbers, negative).
-func setDefault[T int | int64 | time.Duration | string](v *T, d T) {
+func setDefault[T int | int64 | time.Duration | ~string](v *T, d T) {
 	var zero T
 	if *v <= zero {
 		*v = d

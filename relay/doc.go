@@ -1,16 +1,32 @@
 // Package relay is the supervisor: it takes leadership of a relay name, checks
 // the server, delivers what is already pending, then tails the binlog through
 // per-partition lanes to RabbitMQ and acknowledges the low watermark in the
-// database. When the binlog cannot be read it polls the table instead (--mode
-// auto), and goes back when it can; an operator's pause stops it the way a
-// clean stop does while it keeps leadership. On SIGTERM it stops reading,
-// waits for in-flight confirms, acknowledges them and lets leadership go.
+// database. A leader term runs as a sequence of modes (Mode): binlog, or
+// poll (the SKIP LOCKED poller) with Config.Mode poll, or in Config.Mode auto
+// when the binlog cannot be read (a purged position, a missing grant, the
+// server's settings at once; trouble that may pass after
+// Config.FallbackAfter); an auto relay probes the binlog every
+// Config.BinlogRetryInterval and hands over back to binlog mode through a
+// window that publishes only rows still pending. An operator's pause stops
+// the mode the way a clean stop does while the relay keeps leadership; a
+// resume starts it again from the stored checkpoint. On SIGTERM it stops
+// reading at a transaction boundary, waits (at most Config.ShutdownTimeout)
+// for in-flight confirms, acknowledges them and lets leadership go.
+//
+// Binlog mode (runBinlog) reads on the term's goroutine and owns a group of
+// named goroutines (lease watch, stop at a boundary, lanes, acker, due-time
+// sweep) that one shutdown policy stops in order. The relay consumes its
+// dependencies through small interfaces (seams.go): a sink per lane, the
+// progress store, the leadership lease and the binlog source, which the
+// unit tests replace with in-memory fakes.
 //
 // Before it publishes anything on a server (each leader term, each mode, each
 // reconnect of the binlog stream) it checks that the server holds every
-// transaction of which it has sent a message (publishedLog); a server that
-// does not is a lossy failover, and Run stops with a *LostGTIDsError. Errors a
-// restart does not cure stop Run too, and mark the progress row FAILED.
+// transaction of which it has sent a message (failoverCheck, kept across
+// terms and, with Config.StateFile, across restarts); a server that does
+// not is a lossy failover, and Run stops with a *LostGTIDsError unless
+// Config.AcceptLostGTIDs. Errors a restart does not cure stop Run too, and
+// mark the progress row FAILED.
 //
 // Publishing goes through one publish.Publisher per mode: it dials the nodes
 // of Config.AMQPURL in turn, and a lane's confirm window counts messages on

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -59,57 +60,116 @@ func (e *LostGTIDsError) Error() string {
 		e.Server, e.Missing, e.Checkpoint, e.From, e.Executed, known)
 }
 
-// saveState writes the newest published position to Config.StateFile when
+// failoverCheck is the lossy-failover bookkeeping of one process
+// (docs/operations.md, "Failover"): what it has published (publishedLog),
+// kept across reconnects and leader terms and, with Config.StateFile,
+// across restarts (stateFile), and the check that compares it with every
+// server the relay resumes on. The lanes record each message before its
+// publish (sent), the acker each acknowledged position (acked) and then
+// saves the state file (save); a term checks before it reads (checkNotLost)
+// and the binlog stream after each reconnect (checkReconnect).
+//
+// sent, acked and the checks are safe for concurrent use; save is called
+// by one goroutine at a time (the acker, or the term after its pipeline).
+type failoverCheck struct {
+	log    *zap.Logger
+	server gtidServer
+	accept bool       // Config.AcceptLostGTIDs
+	state  *stateFile // nil without Config.StateFile
+
+	published    publishedLog
+	stateFailing bool // the last write of the state file failed (logged once)
+}
+
+// gtidServer is the server the relay resumes on, as the check sees it.
+type gtidServer interface {
+	// Addr is its host:port, for the refusal.
+	Addr() string
+	// Flavor is "mysql" or "mariadb".
+	Flavor(ctx context.Context) (string, error)
+	// ExecutedGTIDs is its @@gtid_binlog_state (MariaDB) or
+	// @@gtid_executed (MySQL).
+	ExecutedGTIDs(ctx context.Context, flavor string) (string, error)
+}
+
+// dbServer is the gtidServer behind the relay's pool.
+type dbServer struct {
+	db   *sql.DB
+	addr func() string
+}
+
+func (s dbServer) Addr() string { return s.addr() }
+func (s dbServer) Flavor(ctx context.Context) (string, error) {
+	return canal.DetectFlavor(ctx, s.db)
+}
+func (s dbServer) ExecutedGTIDs(ctx context.Context, flavor string) (string, error) {
+	return canal.ExecutedGTIDs(ctx, s.db, flavor)
+}
+
+// sent records that rec's message is about to be handed to the broker.
+func (f *failoverCheck) sent(rec *outbox.Record) { f.published.sent(rec) }
+
+// acked folds an acknowledged position into what was published.
+func (f *failoverCheck) acked(p position.Position) {
+	if err := f.published.acked(p); err != nil {
+		f.log.Warn("acknowledged position not recorded for the failover check", zap.Error(err))
+	}
+}
+
+// startTerm fixes the flavor of the GTIDs a term reads.
+func (f *failoverCheck) startTerm(flavor string) { f.published.startTerm(flavor) }
+
+// save writes the newest published position to Config.StateFile when
 // it moved since the last write. Called by the acker after each round (at
 // most every ackGap while messages flow, every second otherwise) and at the
 // end of a term: a process killed less than that after sending a
 // transaction's first message may leave the file without it.
-func (r *Relay) saveState() {
-	if r.state == nil {
+func (f *failoverCheck) save() {
+	if f.state == nil {
 		return
 	}
-	p, ok, err := r.published.take()
+	p, ok, err := f.published.take()
 	if err == nil && !ok {
 		return
 	}
 	if err == nil {
-		err = r.state.store(p)
+		err = f.state.store(p)
 	}
 	if err != nil {
-		if !r.stateFailing {
-			r.log.Error("cannot write the state file; a restarted process will check a failover against the progress row only",
+		if !f.stateFailing {
+			f.log.Error("cannot write the state file; a restarted process will check a failover against the progress row only",
 				zap.Error(err))
 		}
-		r.stateFailing = true
+		f.stateFailing = true
 		return
 	}
-	if r.stateFailing {
-		r.log.Info("writing the state file works again", zap.String("state_file", r.state.path))
+	if f.stateFailing {
+		f.log.Info("writing the state file works again", zap.String("state_file", f.state.path))
 	}
-	r.stateFailing = false
+	f.stateFailing = false
 }
 
-// loadState starts the process from Config.StateFile's position, if any:
+// load starts the process from Config.StateFile's position, if any:
 // the lossy-failover check then compares each server with it. A state file
 // that cannot be read or written is a *ConfigError.
-func (r *Relay) loadState() error {
-	if r.state == nil {
+func (f *failoverCheck) load() error {
+	if f.state == nil {
 		return nil
 	}
-	if err := r.state.check(); err != nil {
+	if err := f.state.check(); err != nil {
 		return &ConfigError{err}
 	}
-	p, err := r.state.load()
+	p, err := f.state.load()
 	if err != nil {
 		return &ConfigError{err}
 	}
 	if p.GTIDSet == "" {
 		return nil
 	}
-	if err := r.published.load(p, "read from Config.StateFile "+r.state.path); err != nil {
-		return &ConfigError{fmt.Errorf("Config.StateFile %s: %w", r.state.path, err)}
+	if err := f.published.load(p, "read from Config.StateFile "+f.state.path); err != nil {
+		return &ConfigError{fmt.Errorf("Config.StateFile %s: %w", f.state.path, err)}
 	}
-	r.log.Info("state file read: every server this relay resumes on must hold this position", zap.String("state_file", r.state.path),
+	f.log.Info("state file read: every server this relay resumes on must hold this position", zap.String("state_file", f.state.path),
 		zap.Stringer("published", p))
 	return nil
 }
@@ -121,8 +181,8 @@ func (r *Relay) loadState() error {
 // returns a *LostGTIDsError when it does not; with AcceptLostGTIDs it logs
 // what is skipped and reports lost = true instead: the caller then starts
 // from the server's own position.
-func (r *Relay) checkNotLost(ctx context.Context, stored position.Position) (lost bool, err error) {
-	lostErr, err := r.lossOn(ctx, stored)
+func (f *failoverCheck) checkNotLost(ctx context.Context, stored position.Position) (lost bool, err error) {
+	lostErr, err := f.lossOn(ctx, stored)
 	if err != nil || lostErr == nil {
 		return false, err
 	}
@@ -133,19 +193,19 @@ func (r *Relay) checkNotLost(ctx context.Context, stored position.Position) (los
 	fields := []zap.Field{zap.String("missing", lostErr.Missing), zap.String("checkpoint", lostErr.Checkpoint.String()),
 		zap.String("server_executed", lostErr.Executed), zap.Strings("transactions", lostErr.Transactions),
 		zap.Int("messages_sent", lostErr.Sent), zap.Strings("message_ids", ids)}
-	if !r.cfg.AcceptLostGTIDs {
-		r.log.Error("lossy failover", fields...)
+	if !f.accept {
+		f.log.Error("lossy failover", fields...)
 		return false, lostErr
 	}
-	r.log.Warn("Config.AcceptLostGTIDs: resuming from the server's own position; the transactions this server lacks are skipped", fields...)
+	f.log.Warn("Config.AcceptLostGTIDs: resuming from the server's own position; the transactions this server lacks are skipped", fields...)
 	// From now on the server's history is the reference: forget the old
 	// position so the next (re)connection compares with what this term stores.
-	r.published.reset()
-	if r.state != nil {
+	f.published.reset()
+	if f.state != nil {
 		// Its position is the old server's: until this term acknowledges
 		// something, a restart compares with the progress row instead.
-		if err := os.Remove(r.state.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			r.log.Warn("cannot remove the state file after accepting lost GTIDs", zap.Error(err))
+		if err := os.Remove(f.state.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			f.log.Warn("cannot remove the state file after accepting lost GTIDs", zap.Error(err))
 		}
 	}
 	return true, nil
@@ -155,8 +215,8 @@ func (r *Relay) checkNotLost(ctx context.Context, stored position.Position) (los
 // stored one when the process knows of none): a *LostGTIDsError when the
 // server lacks part of it, nil when it has it all or there are no GTIDs to
 // compare.
-func (r *Relay) lossOn(ctx context.Context, stored position.Position) (*LostGTIDsError, error) {
-	cp, from, err := r.published.newest()
+func (f *failoverCheck) lossOn(ctx context.Context, stored position.Position) (*LostGTIDsError, error) {
+	cp, from, err := f.published.newest()
 	if err != nil {
 		return nil, err
 	}
@@ -167,11 +227,11 @@ func (r *Relay) lossOn(ctx context.Context, stored position.Position) (*LostGTID
 		return nil, nil // file+pos or nothing yet: no GTIDs to compare
 	}
 	if cp.Flavor == "" {
-		if cp.Flavor, err = canal.DetectFlavor(ctx, r.db); err != nil {
+		if cp.Flavor, err = f.server.Flavor(ctx); err != nil {
 			return nil, fmt.Errorf("check the checkpoint against the server: %w", err)
 		}
 	}
-	executed, err := canal.ExecutedGTIDs(ctx, r.db, cp.Flavor)
+	executed, err := f.server.ExecutedGTIDs(ctx, cp.Flavor)
 	if err != nil {
 		return nil, err
 	}
@@ -182,9 +242,9 @@ func (r *Relay) lossOn(ctx context.Context, stored position.Position) (*LostGTID
 	if missing == "" {
 		return nil, nil
 	}
-	lostErr := &LostGTIDsError{Server: r.canal.Host + ":" + fmt.Sprint(r.canal.Port), Checkpoint: cp, From: from,
+	lostErr := &LostGTIDsError{Server: f.server.Addr(), Checkpoint: cp, From: from,
 		Executed: executed, Missing: missing}
-	lostErr.Sent, lostErr.MessageIDs, lostErr.Transactions = r.published.lostOn(executed)
+	lostErr.Sent, lostErr.MessageIDs, lostErr.Transactions = f.published.lostOn(executed)
 	return lostErr, nil
 }
 
@@ -192,18 +252,18 @@ func (r *Relay) lossOn(ctx context.Context, stored position.Position) (*LostGTID
 // reached another server (a VIP moved by a failover). A lossy one stops the
 // stream; with AcceptLostGTIDs it ends the term instead, so the next one
 // resumes from the server's own position (checkNotLost).
-func (r *Relay) checkReconnect(ctx context.Context) error {
-	lostErr, err := r.lossOn(ctx, position.Position{})
+func (f *failoverCheck) checkReconnect(ctx context.Context) error {
+	lostErr, err := f.lossOn(ctx, position.Position{})
 	switch {
 	case err != nil:
 		return err // retried with the connection
 	case lostErr == nil:
 		return nil
-	case r.cfg.AcceptLostGTIDs:
+	case f.accept:
 		return &canal.StopError{Err: fmt.Errorf("the binlog stream reconnected to a server that lacks published transactions (%s); "+
 			"restarting the term to resume from its own position (Config.AcceptLostGTIDs)", lostErr.Missing)}
 	}
-	r.log.Error("lossy failover", zap.String("missing", lostErr.Missing), zap.String("checkpoint", lostErr.Checkpoint.String()),
+	f.log.Error("lossy failover", zap.String("missing", lostErr.Missing), zap.String("checkpoint", lostErr.Checkpoint.String()),
 		zap.String("server_executed", lostErr.Executed), zap.Strings("transactions", lostErr.Transactions),
 		zap.Int("messages_sent", lostErr.Sent))
 	return &canal.StopError{Err: lostErr}

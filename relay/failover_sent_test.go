@@ -33,8 +33,8 @@ const bigTxnRows = 3_000
 // the transaction, and the replica has it. A process started fresh with
 // the same --state-file refuses too.
 func TestRelayRefusesFailoverLosingPartlyPublishedTxn(t *testing.T) {
-	for _, mode := range []string{ModeAuto, ModeBinlog} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range []Mode{ModeAuto, ModeBinlog} {
+		t.Run(string(mode), func(t *testing.T) {
 			ctx := testenv.Context(t, 3*time.Minute)
 			state := filepath.Join(t.TempDir(), "relay-state.json")
 			f := stoppedReplicaRig(ctx, t, false, func(c *Config) { c.Mode = mode; c.StateFile = state })

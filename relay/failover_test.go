@@ -184,7 +184,7 @@ func lossyRig(ctx context.Context, t *testing.T, accept bool, tweak ...func(*Con
 		t.Fatal(err)
 	}
 	waitFor(ctx, t, f.rr, "holding the acknowledged position", func() bool {
-		published, _, err := f.rr.r.published.newest()
+		published, _, err := f.rr.r.failover.published.newest()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -69,7 +69,7 @@ func runRelay(t *testing.T, cfg Config, tweak func(*Relay)) *relayRun {
 }
 
 // waitMode waits until the relay enters mode, failing at once if Run returns.
-func waitMode(ctx context.Context, t *testing.T, m *modes, rr *relayRun, mode string) {
+func waitMode(ctx context.Context, t *testing.T, m *modes, rr *relayRun, mode Mode) {
 	t.Helper()
 	for {
 		select {
@@ -121,7 +121,7 @@ func TestFallsBackWhenBinlogConnectionHangs(t *testing.T) {
 	rr := runRelay(t, Config{
 		MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, CheckpointInterval: time.Second,
 		FallbackAfter: fallbackAfter, BinlogRetryInterval: time.Hour,
-		OnMode: func(mode, why string) {
+		OnMode: func(mode Mode, why string) {
 			if mode == ModePoll {
 				reasonMu.Lock()
 				reason = why

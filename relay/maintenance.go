@@ -4,8 +4,6 @@ import (
 	"context"
 	"sync"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/checkpoint"
 )
 
 // maintainWhileLeading runs Config.Maintenance for one leader term: at once,
@@ -13,7 +11,7 @@ import (
 // (which also cancels a call in progress). The function it returns ends the
 // term's maintenance and waits for a call in progress to return; lead
 // defers it.
-func (r *Relay) maintainWhileLeading(ctx context.Context, leader *checkpoint.Leader) (stop func()) {
+func (r *Relay) maintainWhileLeading(ctx context.Context, leader lease) (stop func()) {
 	if r.cfg.Maintenance == nil {
 		return func() {}
 	}

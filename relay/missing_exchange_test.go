@@ -17,8 +17,8 @@ import (
 // outbox_failed; every other row arrives exactly once (no copies from a
 // channel the broker closed), first deliveries in commit order per partition.
 func TestRelayMissingExchangeCostsNeighboursNothing(t *testing.T) {
-	for _, mode := range []string{ModeBinlog, ModePoll} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range []Mode{ModeBinlog, ModePoll} {
+		t.Run(string(mode), func(t *testing.T) {
 			db, b := setup(t)
 			v := consume(t, b, b.Queue)
 			startRelay(t, db, b, func(c *Config) { c.Mode = mode })

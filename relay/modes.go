@@ -11,33 +11,57 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/canal"
-	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
-// The modes of --mode.
+// Mode is how a relay reads the outbox: Config.Mode, and the mode a leader
+// term runs in (ModeBinlog or ModePoll). Its text is what the progress row
+// stores, the metrics label and the logs print.
+type Mode string
+
+// The modes of Config.Mode.
 const (
-	ModeAuto   = "auto"   // binlog when the server allows it, else poll; switch as it changes
-	ModeBinlog = "binlog" // binlog only: a server that cannot serve it is a configuration error
-	ModePoll   = "poll"   // the SKIP LOCKED poller only
+	ModeAuto   Mode = "auto"   // binlog when the server allows it, else poll; switch as it changes
+	ModeBinlog Mode = "binlog" // binlog only: a server that cannot serve it is a configuration error
+	ModePoll   Mode = "poll"   // the SKIP LOCKED poller only
 )
 
 // modeSwitch asks the leader term to continue in another mode.
-type modeSwitch struct{ to, reason string }
+type modeSwitch struct {
+	to     Mode
+	reason string
+}
 
 // lead runs one leader term: it picks the mode and runs it, switching
 // between binlog and poll as the server allows, until shutdown, leadership
 // loss or a fatal error. While an operator has paused the relay it holds
 // leadership and reads nothing (holdPaused); a resume starts the mode again
 // from the stored checkpoint, which then holds everything published.
-func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
+func (r *Relay) lead(ctx context.Context, leader lease) error {
 	defer r.maintainWhileLeading(ctx, leader)()
 	defer r.watchBacklog(ctx)()
 	defer r.watchBroker(ctx, leader)()
 	r.logCheckpoint(ctx, "resuming from the checkpoint")
-	var mode, reason string
+	return r.runModes(ctx, leader)
+}
+
+// modeRunners runs a term's modes: New wires the Relay's own (startMode,
+// runBinlog, runPoll); the unit tests put fakes in their place.
+type modeRunners struct {
+	start  func(ctx context.Context) (Mode, string)
+	binlog func(ctx context.Context, leader lease) (*modeSwitch, error)
+	poll   func(ctx context.Context, leader lease) (*modeSwitch, error)
+}
+
+// runModes is lead's loop: it picks the mode, records it, runs it until it
+// ends or asks to switch, and holds an operator's pause in between.
+func (r *Relay) runModes(ctx context.Context, leader lease) error {
+	var (
+		mode   Mode
+		reason string
+	)
 	for {
 		paused, changed := leader.Paused()
 		if paused {
@@ -51,59 +75,15 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 			continue
 		}
 		if mode == "" {
-			mode, reason = r.startMode(ctx)
+			mode, reason = r.modes.start(ctx)
 		}
-		logMode := r.log.Info
-		if mode == ModePoll && r.cfg.Mode == ModeAuto {
-			// A fallback: the reason lists what keeps binlog mode off and
-			// how to fix each.
-			logMode = r.log.Warn
-		}
-		logMode("mode", zap.String("mode", mode), zap.String("reason", reason))
-		r.mode.Store(mode)
-		r.cfg.Metrics.SetMode(mode)
-		if mode == ModePoll {
-			r.cfg.Metrics.SetRetentionHeadroom(math.NaN()) // no binlog position to lose
-		}
-		if r.cfg.OnMode != nil {
-			r.cfg.OnMode(mode, reason)
-		}
-		stored := ""
-		if mode == ModePoll {
-			// Stored at once: a restart after polling must run the poll →
-			// binlog handover rather than trust the old binlog position.
-			stored = ModePoll
-		}
-		if err := r.store.SetMode(ctx, leader.Epoch(), stored, "mode "+mode+": "+reason); err != nil {
+		if err := r.enterMode(ctx, leader, mode, reason); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
-		// A pause ends the mode as a shutdown does: reading stops at a
-		// transaction boundary (binlog) or after the rounds under way
-		// (poll), and what was published is confirmed and acknowledged.
-		runCtx, stopRun := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-changed:
-				stopRun()
-			case <-runCtx.Done():
-			}
-		}()
-		var (
-			next *modeSwitch
-			err  error
-		)
-		if mode == ModePoll {
-			next, err = r.runPoll(runCtx, leader)
-		} else {
-			next, err = r.runBinlog(runCtx, leader)
-			r.saveState()                   // what the lanes sent after the acker's last round
-			r.cfg.Metrics.SetInflight(0, 0) // the pipeline has ended: nothing of it is in flight
-		}
-		pausing := runCtx.Err() != nil && ctx.Err() == nil
-		stopRun()
+		next, pausing, err := r.runMode(ctx, leader, mode, changed)
 		switch {
 		case err != nil:
 			return err
@@ -116,8 +96,62 @@ func (r *Relay) lead(ctx context.Context, leader *checkpoint.Leader) error {
 	}
 }
 
+// enterMode announces mode (log, metrics, Config.OnMode) and stores it in
+// the progress row with why.
+func (r *Relay) enterMode(ctx context.Context, leader lease, mode Mode, reason string) error {
+	logMode := r.log.Info
+	if mode == ModePoll && r.cfg.Mode == ModeAuto {
+		// A fallback: the reason lists what keeps binlog mode off and
+		// how to fix each.
+		logMode = r.log.Warn
+	}
+	logMode("mode", zap.String("mode", string(mode)), zap.String("reason", reason))
+	r.mode.Store(mode)
+	r.cfg.Metrics.SetMode(string(mode))
+	if mode == ModePoll {
+		r.cfg.Metrics.SetRetentionHeadroom(math.NaN()) // no binlog position to lose
+	}
+	if r.cfg.OnMode != nil {
+		r.cfg.OnMode(mode, reason)
+	}
+	var stored Mode
+	if mode == ModePoll {
+		// Stored at once: a restart after polling must run the poll →
+		// binlog handover rather than trust the old binlog position.
+		stored = ModePoll
+	}
+	return r.progress.SetMode(ctx, leader.Epoch(), string(stored), "mode "+string(mode)+": "+reason)
+}
+
+// runMode runs mode until it ends (next nil), asks to switch (next), fails,
+// or an operator's pause (pauseChanged closes) stops it: pausing. A pause
+// ends the mode as a shutdown does: reading stops at a transaction boundary
+// (binlog) or after the rounds under way (poll), and what was published is
+// confirmed and acknowledged.
+func (r *Relay) runMode(ctx context.Context, leader lease, mode Mode, pauseChanged <-chan struct{}) (next *modeSwitch, pausing bool, err error) {
+	runCtx, stopRun := context.WithCancel(ctx)
+	done := make(chan struct{})
+	defer func() { stopRun(); <-done }() // the pause watch ends with the mode
+	go func() {
+		defer close(done)
+		select {
+		case <-pauseChanged:
+			stopRun()
+		case <-runCtx.Done():
+		}
+	}()
+	if mode == ModePoll {
+		next, err = r.modes.poll(runCtx, leader)
+	} else {
+		next, err = r.modes.binlog(runCtx, leader)
+		r.failover.save()               // what the lanes sent after the acker's last round
+		r.cfg.Metrics.SetInflight(0, 0) // the pipeline has ended: nothing of it is in flight
+	}
+	return next, runCtx.Err() != nil && ctx.Err() == nil, err
+}
+
 // startMode picks the first mode of a term.
-func (r *Relay) startMode(ctx context.Context) (mode, reason string) {
+func (r *Relay) startMode(ctx context.Context) (mode Mode, reason string) {
 	switch r.cfg.Mode {
 	case ModePoll:
 		return ModePoll, "--mode poll"
@@ -163,8 +197,11 @@ func (r *Relay) fallbackReason(err error) string {
 // always progresses: the leader's heartbeat is a transaction every few
 // seconds.
 type troubleWatch struct {
-	r     *Relay
-	stop  func(reason string)
+	r    *Relay
+	stop func(reason string)
+	// ping reaches the database (the Relay's pool): polling helps only
+	// while it answers.
+	ping  func(ctx context.Context) error
 	mu    sync.Mutex
 	since time.Time // the first failure since the last progress
 	fired bool
@@ -182,7 +219,7 @@ func (w *troubleWatch) onRetry(err error, attempt int) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if w.r.db.PingContext(ctx) != nil {
+	if w.ping(ctx) != nil {
 		return // the database is down too: polling would not help
 	}
 	w.fired = true
@@ -193,7 +230,7 @@ func (w *troubleWatch) onRetry(err error, attempt int) {
 // runPoll delivers with the poller until shutdown or leadership loss; in auto
 // mode it re-probes the binlog every --binlog-retry-interval and hands over
 // to binlog mode when the server serves it again.
-func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSwitch, error) {
+func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) {
 	// pollCtx outlives ctx: on shutdown the rounds under way commit (bounded
 	// by ShutdownTimeout) so a clean stop repeats nothing; it ends at once
 	// when leadership is lost.
@@ -209,11 +246,11 @@ func (r *Relay) runPoll(ctx context.Context, leader *checkpoint.Leader) (*modeSw
 	// A promoted replica, or a VIP that moved, may lack what was published
 	// (in binlog mode, by this or an earlier term): polling it would hide
 	// the loss. Checked on every poll term, before anything is published.
-	progress, err := r.store.Load(pollCtx)
+	progress, err := r.progress.Load(pollCtx)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := r.checkNotLost(pollCtx, progress.Position); err != nil {
+	if _, err := r.failover.checkNotLost(pollCtx, progress.Position); err != nil {
 		return nil, err
 	}
 	publisher, err := r.newPublisher(pollCtx)
@@ -359,7 +396,7 @@ func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 // leader.Valid between its claim and its first publish
 // (poller.Config.Leading): one that finds the lease expired is rolled back
 // unpublished and ends the call with checkpoint.ErrLeaseExpired.
-func (r *Relay) newPoller(pub *publish.Publisher, leader *checkpoint.Leader) (*poller.Poller, error) {
+func (r *Relay) newPoller(pub *publish.Publisher, leader lease) (*poller.Poller, error) {
 	p, err := poller.New(r.db, pub, r.store, leader.Epoch(), poller.Config{
 		Table: r.cfg.Table, OnDelivered: r.cfg.OnDelivered, Interval: r.cfg.PollInterval,
 		Batch: r.cfg.PollBatch, Workers: r.cfg.PollWorkers, DefaultExchange: r.cfg.DefaultExchange,

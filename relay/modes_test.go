@@ -18,13 +18,13 @@ import (
 // modes records the modes a relay entered, in order.
 type modes struct {
 	mu   sync.Mutex
-	seen []string
-	ch   chan string
+	seen []Mode
+	ch   chan Mode
 }
 
-func newModes() *modes { return &modes{ch: make(chan string, 100)} }
+func newModes() *modes { return &modes{ch: make(chan Mode, 100)} }
 
-func (m *modes) hook(mode, reason string) {
+func (m *modes) hook(mode Mode, reason string) {
 	m.mu.Lock()
 	m.seen = append(m.seen, mode)
 	m.mu.Unlock()
@@ -32,7 +32,7 @@ func (m *modes) hook(mode, reason string) {
 }
 
 // wait waits until the relay enters mode.
-func (m *modes) wait(ctx context.Context, t *testing.T, mode string) {
+func (m *modes) wait(ctx context.Context, t *testing.T, mode Mode) {
 	t.Helper()
 	for {
 		select {

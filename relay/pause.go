@@ -16,15 +16,15 @@ import (
 // published, so the stored checkpoint is exactly where it stopped; the row
 // records that this epoch has stopped (paused_epoch), which `pause` waits
 // for and `checkpoint set` requires.
-func (r *Relay) holdPaused(ctx context.Context, leader *checkpoint.Leader) error {
+func (r *Relay) holdPaused(ctx context.Context, leader lease) error {
 	r.tailing.Store(false)
 	r.brokerDown.Store("") // the publisher is closed while paused
 	r.pub.Store(nil)
-	r.mode.Store("")
+	r.mode.Store(Mode(""))
 	r.cfg.Metrics.SetMode("")
 	r.paused.Store(true)
 	defer r.paused.Store(false)
-	if err := r.store.MarkPaused(ctx, leader.Epoch()); err != nil {
+	if err := r.progress.MarkPaused(ctx, leader.Epoch()); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -55,7 +55,7 @@ func (r *Relay) holdPaused(ctx context.Context, leader *checkpoint.Leader) error
 // (`checkpoint set` stores the old and new positions as the mode reason) is
 // logged at WARN, so the first run after it shows both.
 func (r *Relay) logCheckpoint(ctx context.Context, msg string) {
-	p, err := r.store.Load(ctx)
+	p, err := r.progress.Load(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn(msg+" (cannot read the checkpoint)", zap.Error(err))

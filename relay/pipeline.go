@@ -25,17 +25,18 @@ type ticket = ordering.Ticket[position.Position]
 // tracker, the acker. It lives until leadership is lost, an error, or shutdown.
 type pipeline struct {
 	r         *Relay
-	leader    *checkpoint.Leader
+	leader    lease
+	store     progressStore
 	epoch     int64
 	tracker   *ordering.Tracker[position.Position]
 	lanes     *ordering.Lanes
 	queues    []chan *laneItem
-	channels  []*publish.Channel
+	channels  []sink
 	publisher *publish.Publisher
 	watch     *troubleWatch
 	delayed   chan struct{} // capacity 1: the stream skipped a delayed row
 	fallback  atomic.Value  // string: why binlog mode gave way to polling
-	mode      atomic.Value  // string stored with acknowledgements: "poll" until the handover window closes
+	mode      atomic.Value  // Mode stored with acknowledgements: ModePoll until the handover window closes
 
 	ackMu       sync.Mutex
 	pendingAck  ordering.Batch[position.Position]
@@ -67,31 +68,45 @@ type laneItem struct {
 // runBinlog runs binlog mode for (the rest of) a leader term. It returns a
 // switch to poll mode when an auto relay cannot read the binlog: then, as at
 // shutdown, it first waits for in-flight confirms and acknowledges them.
-func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*modeSwitch, error) {
+//
+// It reads on the caller's goroutine and owns a group of named goroutines:
+//
+//   - "lease-watch" ends reading and publishing at once when leadership is lost;
+//   - "stop-reading" ends reading at a transaction boundary once ctx ends
+//     (shutdown or pause), or after ShutdownTimeout (stopReading);
+//   - "lane", one per lane, publishes its queue in order (runLane);
+//   - "acker" acknowledges the low watermark (acker);
+//   - "sweep-delayed" delivers due delayed rows (sweepDelayed).
+//
+// Once reading has ended, one shutdown policy stops them in this order
+// (then stopPipeline): the sweep between its rounds; the lanes' queues are
+// closed; in-flight confirms are drained, bounded by ShutdownTimeout, on
+// a shutdown or a fallback (otherwise publishing stops at once: what is
+// not acknowledged is published again by the next term); the acker, after
+// its final acknowledgement; the lanes.
+func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error) {
+	var g group
+	defer g.Close()
 	// pubCtx outlives ctx by the shutdown grace so in-flight confirms can
-	// finish; it dies at once when leadership is lost.
+	// finish; readCtx does not end with ctx: on shutdown reading stops at
+	// the next transaction boundary (stopReading), or after
+	// ShutdownTimeout. Both end at once when leadership is lost.
 	pubCtx, cancelPub := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelPub()
-	go func() {
+	readCtx, cancelRead := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRead()
+	watchStop := make(chan struct{})
+	g.Go("lease-watch", func() { close(watchStop) }, func() error {
 		select {
 		case <-leader.Lost():
 			cancelPub()
-		case <-pubCtx.Done():
-		}
-	}()
-	// readCtx does not end with ctx: on shutdown reading stops at the next
-	// transaction boundary (stopReading), or after ShutdownTimeout.
-	readCtx, cancelRead := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelRead()
-	go func() {
-		select {
-		case <-leader.Lost():
 			cancelRead()
-		case <-readCtx.Done():
+		case <-watchStop:
 		}
-	}()
+		return nil
+	})
 
-	progress, err := r.store.Load(readCtx)
+	progress, err := r.progress.Load(readCtx)
 	if err != nil {
 		return nil, err
 	}
@@ -101,42 +116,19 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 	}
 	defer publisher.Close()
 
-	p := &pipeline{
-		r: r, leader: leader, epoch: leader.Epoch(), publisher: publisher,
-		tracker: ordering.New[position.Position](r.cfg.MaxInflightBytes),
-		lanes:   ordering.NewLanes(r.cfg.Lanes),
-		lastAck: time.Now(), cancelRead: cancelRead, stop: make(chan struct{}),
-	}
-	p.mode.Store("binlog")
-	p.delayed = make(chan struct{}, 1)
-	p.watch = &troubleWatch{r: r, stop: func(reason string) {
-		p.fallback.Store(reason)
-		cancelRead()
-	}}
-	go p.stopReading(ctx, readCtx)
-	if err := p.openLanes(); err != nil {
+	p := r.newPipeline(leader, publisher, cancelRead)
+	g.Go("stop-reading", cancelRead, func() error { p.stopReading(ctx, readCtx); return nil })
+	if err := p.openLanes(func(onResult func(publish.Result)) (sink, error) { return publisher.NewChannel(onResult) }); err != nil {
 		return nil, err
 	}
-	laneDone := make(chan error, len(p.queues))
-	for i := range p.queues {
-		go func() { laneDone <- p.runLane(pubCtx, i) }()
-	}
-	ackStop := make(chan struct{})
-	ackDone := make(chan error, 1)
-	go func() { ackDone <- p.acker(pubCtx, ackStop) }()
+	p.start(&g, pubCtx)
 	sweepStop := make(chan struct{})
-	sweepDone := make(chan struct{})
-	go func() {
-		defer close(sweepDone)
-		p.sweepDelayed(pubCtx, sweepStop)
-	}()
+	g.Go("sweep-delayed", func() { close(sweepStop) }, func() error { p.sweepDelayed(pubCtx, sweepStop); return nil })
 
 	readErr := p.read(readCtx, progress)
-	close(sweepStop) // between rounds: a round under way commits
-	<-sweepDone
-	for _, q := range p.queues {
-		close(q)
-	}
+	g.Stop("sweep-delayed") // between rounds: a round under way commits
+	g.Signal("lane")        // close the queues: a lane returns once it has published its queue
+
 	shuttingDown := ctx.Err() != nil && leader.Err() == nil
 	if !shuttingDown && readErr == nil {
 		readErr = leader.Err()
@@ -148,29 +140,48 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 	if fallback != "" {
 		r.log.Warn("binlog mode stopped; finishing in-flight confirms, then polling", zap.String("reason", fallback))
 	}
+	ackErr := p.stopPipeline(&g, pubCtx, cancelPub, shuttingDown || fallback != "")
+	return binlogEnd(r.log, shuttingDown, fallback, readErr, ackErr, leader.Err())
+}
 
-	// Drain: on shutdown wait (bounded) for the confirms of everything
-	// published, then acknowledge it. Otherwise stop at once: what is not
-	// acknowledged is published again by the next term.
-	if shuttingDown || fallback != "" {
-		r.log.Info("stopping binlog mode: waiting for in-flight confirms")
-		waitCtx, cancel := context.WithTimeout(pubCtx, r.cfg.ShutdownTimeout)
-		if err := p.tracker.WaitIdle(waitCtx); err != nil {
-			m, b := p.tracker.Inflight()
-			r.log.Warn("stopping (shutdown or pause): in-flight confirms did not arrive within Config.ShutdownTimeout; "+
-				"these unconfirmed messages, and the other messages of their transactions, will be published again when the relay continues",
-				zap.Int("messages", m), zap.Int64("bytes", b), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
-		}
-		cancel()
+// stopPipeline is the rest of binlog mode's shutdown policy, run once
+// reading has ended and the sweep and the lanes' queues are stopped: it
+// stops the acker, then the lanes, and returns the acker's error. With
+// drain it first waits (bounded by ShutdownTimeout) for the confirms of
+// everything published, so the acker's final round acknowledges it;
+// without, publishing stops at once.
+func (p *pipeline) stopPipeline(g *group, pubCtx context.Context, cancelPub context.CancelFunc, drain bool) error {
+	if drain {
+		p.drainConfirms(pubCtx)
 	} else {
 		cancelPub()
 	}
-	close(ackStop)
-	ackErr := <-ackDone
+	ackErr := g.Stop("acker")
 	cancelPub()
-	for range p.queues {
-		<-laneDone
+	_ = g.Wait("lane") // a lane's error is the term's end, already seen by reading or the acker
+	return ackErr
+}
+
+// drainConfirms waits, at most ShutdownTimeout, until every message handed
+// to a lane has its result; it logs what did not.
+func (p *pipeline) drainConfirms(pubCtx context.Context) {
+	r := p.r
+	r.log.Info("stopping binlog mode: waiting for in-flight confirms")
+	waitCtx, cancel := context.WithTimeout(pubCtx, r.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := p.tracker.WaitIdle(waitCtx); err != nil {
+		m, b := p.tracker.Inflight()
+		r.log.Warn("stopping (shutdown or pause): in-flight confirms did not arrive within Config.ShutdownTimeout; "+
+			"these unconfirmed messages, and the other messages of their transactions, will be published again when the relay continues",
+			zap.Int("messages", m), zap.Int64("bytes", b), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
 	}
+}
+
+// binlogEnd decides how a binlog mode run ends, from how it stopped: on a
+// shutdown (or pause) with the final acknowledgement's error; with a
+// switch to poll mode after a fallback whose acknowledgement worked; else
+// with the error that ended it (leaseErr when leadership was lost).
+func binlogEnd(log *zap.Logger, shuttingDown bool, fallback string, readErr, ackErr, leaseErr error) (*modeSwitch, error) {
 	switch {
 	case shuttingDown:
 		return nil, ackErr
@@ -184,21 +195,51 @@ func (r *Relay) runBinlog(ctx context.Context, leader *checkpoint.Leader) (*mode
 		return nil, fmt.Errorf("binlog mode stopped (%s); acknowledging before polling: %w", fallback, ackErr)
 	case readErr == nil:
 		return nil, ackErr
-	case leader.Err() != nil:
+	case leaseErr != nil:
 		// Leadership lost: the next term decides again, also about a read
 		// error that would be fatal (it may be a consequence of the loss).
-		r.log.Warn("binlog mode stopped after leadership was lost", zap.Error(readErr))
-		return nil, leader.Err()
+		log.Warn("binlog mode stopped after leadership was lost", zap.Error(readErr))
+		return nil, leaseErr
 	}
 	return nil, readErr
 }
 
-func (p *pipeline) openLanes() error {
+// newPipeline is the state of one binlog mode run of leader's term;
+// cancelRead ends its reading.
+func (r *Relay) newPipeline(leader lease, pub *publish.Publisher, cancelRead context.CancelFunc) *pipeline {
+	p := &pipeline{
+		r: r, leader: leader, epoch: leader.Epoch(), store: r.progress, publisher: pub,
+		tracker: ordering.New[position.Position](r.cfg.MaxInflightBytes),
+		lanes:   ordering.NewLanes(r.cfg.Lanes),
+		lastAck: time.Now(), cancelRead: cancelRead, stop: make(chan struct{}),
+		delayed: make(chan struct{}, 1),
+	}
+	p.mode.Store(ModeBinlog)
+	p.watch = &troubleWatch{r: r, ping: r.ping1, stop: func(reason string) {
+		p.fallback.Store(reason)
+		cancelRead()
+	}}
+	return p
+}
+
+// start runs the lanes and the acker in g, publishing and acknowledging
+// under pubCtx.
+func (p *pipeline) start(g *group, pubCtx context.Context) {
+	for i := range p.queues {
+		g.Go("lane", func() { close(p.queues[i]) }, func() error { return p.runLane(pubCtx, i) })
+	}
+	ackStop := make(chan struct{})
+	g.Go("acker", func() { close(ackStop) }, func() error { return p.acker(pubCtx, ackStop) })
+}
+
+// openLanes opens one sink per lane with open (whose callback gets every
+// result of the sink), with its queue.
+func (p *pipeline) openLanes(open func(onResult func(publish.Result)) (sink, error)) error {
 	p.queues = make([]chan *laneItem, p.lanes.N())
-	p.channels = make([]*publish.Channel, p.lanes.N())
+	p.channels = make([]sink, p.lanes.N())
 	for i := range p.queues {
 		p.queues[i] = make(chan *laneItem, p.r.cfg.ConfirmWindow)
-		ch, err := p.publisher.NewChannel(p.onResult)
+		ch, err := open(p.onResult)
 		if err != nil {
 			return fmt.Errorf("open publishing lane %d: %w", i, err)
 		}
@@ -238,7 +279,7 @@ func (p *pipeline) runLane(ctx context.Context, i int) error {
 		}
 		// Before the publish: the failover check must know of every
 		// transaction a message of which may have reached the broker.
-		p.r.published.sent(item.tk.Record())
+		p.r.failover.sent(item.tk.Record())
 		if err := ch.Publish(ctx, item.msg); err != nil {
 			return fmt.Errorf("lane %d: %w", i, err)
 		}

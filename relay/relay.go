@@ -37,13 +37,17 @@ type Relay struct {
 	cfg   Config
 	log   *zap.Logger
 	db    *sql.DB
-	store *checkpoint.Store
-	canal canal.Config
+	store *checkpoint.Store // leadership, instances, status FAILED; the poller's store
+	// progress is store as a leader term's modes use it (the seam the
+	// unit tests fill with a fake).
+	progress progressStore
+	canal    canal.Config
+	modes    modeRunners // the modes a term runs
 
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool  // leading in poll mode
 	paused  atomic.Bool  // leading a relay an operator paused, stopped
-	mode    atomic.Value // string: the mode of the current term
+	mode    atomic.Value // Mode: the mode of the current term
 	backlog backlogHint  // what binlog mode knows of the backlog, for the backlog watch (backlog.go)
 
 	notReady atomic.Value // string: why the relay is not ready ("" when a healthy standby)
@@ -56,12 +60,10 @@ type Relay struct {
 	// it has waited for confirmations.
 	pub atomic.Pointer[publish.Publisher]
 
-	// published is what this process has published (publishedLog), kept
-	// across reconnects and leader terms: the failover check compares it
-	// with every server it resumes on.
-	published    publishedLog
-	state        *stateFile // nil without Config.StateFile
-	stateFailing bool       // the last write of the state file failed (logged once); acker goroutine only
+	// failover is what this process has published, kept across
+	// reconnects and leader terms, and the check that compares it with
+	// every server it resumes on.
+	failover *failoverCheck
 
 	// serverIDUnchecked logs once per process that the binlog preflight
 	// could not check --server-id (it runs again at every re-probe).
@@ -153,7 +155,10 @@ func New(cfg Config) (*Relay, error) {
 	}
 	cc := target.Binlog()
 	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
-	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, state: state, canal: cc}
+	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, progress: store, canal: cc}
+	r.modes = modeRunners{start: r.startMode, binlog: r.runBinlog, poll: r.runPoll}
+	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
+		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
 	r.canal.OwnServerID = store.Led
 	r.canal.OnServerIDUnchecked = func(reason string) {
 		r.serverIDUnchecked.Do(func() { r.log.Named("canal").Info("preflight: " + reason) })
@@ -174,14 +179,14 @@ func (r *Relay) Close() error { return r.db.Close() }
 // beats it each time it looks for leadership (every StandbyRetry at most), a
 // leader once per term, and Run deletes it when it returns.
 func (r *Relay) Run(ctx context.Context) error {
-	if err := r.loadState(); err != nil {
+	if err := r.failover.load(); err != nil {
 		return err
 	}
 	if err := r.preflight(ctx); err != nil {
 		r.markFailed(ctx, 0, err)
 		return err
 	}
-	r.mode.Store("")
+	r.mode.Store(Mode(""))
 	r.notReady.Store("starting")
 	m := r.cfg.Metrics
 	row := &instanceRow{r: r}
@@ -341,6 +346,9 @@ func (r *Relay) ping(ctx context.Context) error {
 		}
 	}
 }
+
+// ping1 pings the database once.
+func (r *Relay) ping1(ctx context.Context) error { return r.db.PingContext(ctx) }
 
 // checkTables makes sure the tables migrate creates exist with every column
 // this version uses, and that the relay's user may do what the relay does

@@ -25,11 +25,11 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	stored := position.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)}
 	// A promoted replica, or a VIP that moved, may lack what was published:
 	// checked on every term, before anything is read (docs/operations.md).
-	lost, err := r.checkNotLost(ctx, stored)
+	lost, err := r.failover.checkNotLost(ctx, stored)
 	if err != nil {
 		return err
 	}
-	if progress.Position.IsZero() || progress.Mode == "poll" || lost {
+	if progress.Position.IsZero() || Mode(progress.Mode) == ModePoll || lost {
 		// First start (or the last leader polled): the stored position, if
 		// any, is older than what was delivered. Take the server's position
 		// Gs, deliver everything pending (the sweep), take Ge, and tail from
@@ -55,7 +55,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		// or at or before Ge yet invisible to a pending check (skipped).
 		// After a lossy failover accepted with --accept-lost-gtids the
 		// stored position is no reference either: the same applies.
-		p.mode.Store("poll")
+		p.mode.Store(ModePoll)
 		gs, err := canal.SnapshotPosition(ctx, r.db)
 		if err != nil {
 			return fmt.Errorf("read the server's binlog position before the sweep: %w", err)
@@ -84,7 +84,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 			return err
 		}
 		if !h.window {
-			p.mode.Store("binlog")
+			p.mode.Store(ModeBinlog)
 		}
 	} else {
 		from = stored
@@ -92,9 +92,9 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 			return positionError(err)
 		}
 	}
-	r.published.startTerm(from.Flavor)
+	r.failover.startTerm(from.Flavor)
 	cc := r.canal
-	cc.CheckServer = r.checkReconnect
+	cc.CheckServer = r.failover.checkReconnect
 	cc.OnRetry = func(err error, attempt int) {
 		r.cfg.Metrics.Reconnected(metrics.TargetBinlog)
 		p.watch.onRetry(err, attempt)
@@ -217,7 +217,7 @@ func (h *handler) Commit(ctx context.Context, pos position.Position, rows int) e
 		if done {
 			h.window = false
 			h.passed = nil
-			h.p.mode.Store("binlog")
+			h.p.mode.Store(ModeBinlog)
 		}
 	}
 	h.p.tracker.Commit(pos)
@@ -237,7 +237,7 @@ func (h *handler) flushWindow(ctx context.Context) error {
 	for i, rec := range buf {
 		ids[i] = rec.ID
 	}
-	pending, err := p.r.store.Pending(ctx, ids)
+	pending, err := p.store.Pending(ctx, ids)
 	if err != nil {
 		return err
 	}

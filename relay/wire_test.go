@@ -154,8 +154,8 @@ func writeForeign(ctx context.Context, t *testing.T, db *sql.DB, exchange string
 // holds as their JSON text, null as void, objects and arrays nested);
 // message_type ” leaves type unset.
 func TestWireContractForForeignProducers(t *testing.T) {
-	for _, mode := range []string{ModeBinlog, ModePoll} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range []Mode{ModeBinlog, ModePoll} {
+		t.Run(string(mode), func(t *testing.T) {
 			db, b := setup(t)
 			v := consume(t, b, b.Queue)
 			startRelay(t, db, b, func(c *Config) { c.Mode = mode })

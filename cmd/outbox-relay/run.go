@@ -55,7 +55,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.UintVar(&serverID, "server-id", 0, "replica server `id` the relay reads the binlog as; unique among the server's replicas (0 = derived from --relay-name)")
 	fs.StringVar(&cfg.DefaultExchange, "default-exchange", "", "`exchange` for rows whose exchange column is empty; it, and every exchange a row names, must exist with a queue bound (the relay declares none; a message to a missing exchange goes to outbox_failed)")
 	fs.StringVar(&cfg.OnDelivered, "on-delivered", relay.DefaultOnDelivered, "what happens to a delivered row: delete or mark (sets delivered_at)")
-	fs.StringVar(&cfg.Mode, "mode", relay.DefaultMode, "auto (binlog when the server serves it, else poll), binlog, or poll")
+	fs.StringVar((*string)(&cfg.Mode), "mode", string(relay.DefaultMode), "auto (binlog when the server serves it, else poll), binlog, or poll")
 	fs.DurationVar(&cfg.FallbackAfter, "fallback-after", relay.DefaultFallbackAfter, "auto: binlog trouble lasting this long while the database answers switches to poll mode")
 	fs.DurationVar(&cfg.BinlogRetryInterval, "binlog-retry-interval", relay.DefaultBinlogRetryInterval, "auto: while polling, how often the binlog is probed again")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", relay.DefaultPollInterval, "poll: how long an idle worker waits before polling again")
