@@ -1,18 +1,29 @@
-package checkpoint_test
+package leadership_test
 
 import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+func mustExec(ctx context.Context, t *testing.T, db *sql.DB, q string) {
+	t.Helper()
+	if _, err := db.ExecContext(ctx, q); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
 
 // leaderDB is a migrated database and a pool on it that parses times, as the
 // relay's does.
@@ -41,7 +52,7 @@ func TestLeaderNoticesLostLockConnectionAtOnce(t *testing.T) {
 	db := leaderDB(ctx, t)
 	// A heartbeat a minute apart: noticing the loss within the bounded
 	// wait below can only come from watching the connection.
-	store, err := checkpoint.New(db, checkpoint.Config{HeartbeatInterval: time.Minute})
+	store, err := leadership.New(db, leadership.Config{HeartbeatInterval: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,12 +89,12 @@ func TestLeaderNoticesLostLockConnectionAtOnce(t *testing.T) {
 func TestAcquireTakesOverStaleLeader(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 2 * time.Second, Instance: "new"}
-	store, err := checkpoint.New(db, cfg)
+	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 2 * time.Second, Instance: "new"}
+	store, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Load(ctx); err != nil {
+	if err := checkpoint.EnsureRow(ctx, db, "default"); err != nil {
 		t.Fatal(err)
 	}
 	// The stale leader: the lock on its own connection, its epoch and a
@@ -104,7 +115,7 @@ func TestAcquireTakesOverStaleLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = store.Acquire(ctx)
-	var held *checkpoint.HeldError
+	var held *leadership.HeldError
 	if !errors.As(err, &held) || held.Leader != "stale" {
 		t.Fatalf("Acquire with a fresh leader: %v, want a HeldError naming it", err)
 	}
@@ -143,12 +154,12 @@ func TestAcquireTakesOverStaleLeader(t *testing.T) {
 // A lease shorter than three heartbeats is refused: the leader would lose
 // it between two heartbeats. Unset, it is 10 s, or 5 heartbeats if longer.
 func TestConfigLeaderLease(t *testing.T) {
-	bad := checkpoint.Config{HeartbeatInterval: time.Second, LeaderLease: 2 * time.Second}
+	bad := leadership.Config{HeartbeatInterval: time.Second, LeaderLease: 2 * time.Second}
 	if err := bad.Validate(); err == nil {
 		t.Error("a 2 s lease with a 1 s heartbeat was accepted")
 	}
 	for _, c := range []struct{ hb, want time.Duration }{{0, 10 * time.Second}, {time.Minute, 5 * time.Minute}} {
-		cfg := checkpoint.Config{HeartbeatInterval: c.hb}
+		cfg := leadership.Config{HeartbeatInterval: c.hb}
 		cfg.SetDefaults()
 		if err := cfg.Validate(); err != nil || cfg.LeaderLease != c.want {
 			t.Errorf("heartbeat %v: lease %v, %v; want %v", c.hb, cfg.LeaderLease, err, c.want)
@@ -160,9 +171,9 @@ func TestConfigLeaderLease(t *testing.T) {
 // connection alone has ended (a proxy's idle timeout, a KILL) while its
 // heartbeat is fresh: the lock is free, leader_instance names it. It returns
 // its epoch and its stored heartbeat as the server's text.
-func freeLockOf(ctx context.Context, t *testing.T, db *sql.DB, store *checkpoint.Store, instance string) (int64, string) {
+func freeLockOf(ctx context.Context, t *testing.T, db *sql.DB, store *leadership.Elector, instance string) (int64, string) {
 	t.Helper()
-	if _, err := store.Load(ctx); err != nil {
+	if err := checkpoint.EnsureRow(ctx, db, "default"); err != nil {
 		t.Fatal(err)
 	}
 	mustExec(ctx, t, db, `UPDATE outbox_relay_progress SET epoch = epoch + 1, leader_instance = '`+instance+`',
@@ -207,11 +218,11 @@ func waitEpoch(ctx context.Context, t *testing.T, db *sql.DB, want int64) {
 }
 
 type acquired struct {
-	leader *checkpoint.Leader
+	leader *leadership.Leader
 	err    error
 }
 
-func acquireAsync(ctx context.Context, store *checkpoint.Store) <-chan acquired {
+func acquireAsync(ctx context.Context, store *leadership.Elector) <-chan acquired {
 	ch := make(chan acquired, 1)
 	go func() {
 		l, err := store.Acquire(ctx)
@@ -229,8 +240,8 @@ func acquireAsync(ctx context.Context, store *checkpoint.Store) <-chan acquired 
 func TestAcquireWaitsOutTheLeaseOfAFreeLock(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 3 * time.Second, Instance: "new"}
-	store, err := checkpoint.New(db, cfg)
+	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 3 * time.Second, Instance: "new"}
+	store, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,11 +251,11 @@ func TestAcquireWaitsOutTheLeaseOfAFreeLock(t *testing.T) {
 	waitEpoch(ctx, t, db, oldEpoch+1)
 	other := cfg
 	other.Instance = "other"
-	otherStore, err := checkpoint.New(db, other)
+	otherStore, err := leadership.New(db, other)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := otherStore.Acquire(ctx); !errors.Is(err, checkpoint.ErrHeld) {
+	if _, err := otherStore.Acquire(ctx); !errors.Is(err, leadership.ErrHeld) {
 		t.Errorf("another standby's Acquire while the new leader waits: %v, want ErrHeld", err)
 	}
 	var r acquired
@@ -271,8 +282,8 @@ func TestAcquireWaitsOutTheLeaseOfAFreeLock(t *testing.T) {
 func TestAcquireWaitEndsWithTheContext(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "new"}
-	store, err := checkpoint.New(db, cfg)
+	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "new"}
+	store, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,18 +316,18 @@ func TestAcquireWaitEndsWithTheContext(t *testing.T) {
 func TestAcquireAfterReleaseDoesNotWait(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "a"}
-	a, err := checkpoint.New(db, cfg)
+	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "a"}
+	a, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Instance = "b"
-	b, err := checkpoint.New(db, cfg)
+	b, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, step := range []struct {
-		first, next *checkpoint.Store
+		first, next *leadership.Elector
 		unclear     bool
 	}{{a, b, false}, {a, a, true}} {
 		l, err := step.first.Acquire(ctx)
