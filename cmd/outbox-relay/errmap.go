@@ -79,7 +79,7 @@ func flagOfField(field string) string {
 		return "--mysql-tls-cert"
 	case "Config.MySQLTLSKey":
 		return "--mysql-tls-key"
-	case "Config.AMQPURL":
+	case "Config.AMQPURL", "Config.URL": // relay's and publish's
 		return "--amqp-url"
 	case "ConnOptions.TLSCA":
 		return "--amqp-tls-ca"
