@@ -16,14 +16,14 @@ import (
 func TestBeatInstance(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	store := func(relay, instance string) *leadership.Elector {
+	elector := func(relay, instance string) *leadership.Elector {
 		s, err := leadership.New(db, leadership.Config{RelayName: relay, Instance: instance})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
-	a, b := store("r1", "host-a:1"), store("r1", "host-b:2")
+	a, b := elector("r1", "host-a:1"), elector("r1", "host-b:2")
 	exec := func(q string, args ...any) {
 		t.Helper()
 		if _, err := db.ExecContext(ctx, q, args...); err != nil {

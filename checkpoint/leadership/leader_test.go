@@ -52,11 +52,11 @@ func TestLeaderNoticesLostLockConnectionAtOnce(t *testing.T) {
 	db := leaderDB(ctx, t)
 	// A heartbeat a minute apart: noticing the loss within the bounded
 	// wait below can only come from watching the connection.
-	store, err := leadership.New(db, leadership.Config{HeartbeatInterval: time.Minute})
+	el, err := leadership.New(db, leadership.Config{HeartbeatInterval: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	leader, err := store.Acquire(ctx)
+	leader, err := el.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestAcquireTakesOverStaleLeader(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
 	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 2 * time.Second, Instance: "new"}
-	store, err := leadership.New(db, cfg)
+	el, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestAcquireTakesOverStaleLeader(t *testing.T) {
 	if err := db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress").Scan(&staleEpoch); err != nil {
 		t.Fatal(err)
 	}
-	_, err = store.Acquire(ctx)
+	_, err = el.Acquire(ctx)
 	var held *leadership.HeldError
 	if !errors.As(err, &held) || held.Leader != "stale" {
 		t.Fatalf("Acquire with a fresh leader: %v, want a HeldError naming it", err)
@@ -131,7 +131,7 @@ func TestAcquireTakesOverStaleLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	actx, cancel := context.WithTimeout(ctx, 20*time.Second) // far below innodb_lock_wait_timeout
-	leader, err := store.Acquire(actx)
+	leader, err := el.Acquire(actx)
 	cancel()
 	if err != nil {
 		t.Fatalf("take over a stale leader: %v", err)
@@ -171,7 +171,7 @@ func TestConfigLeaderLease(t *testing.T) {
 // connection alone has ended (a proxy's idle timeout, a KILL) while its
 // heartbeat is fresh: the lock is free, leader_instance names it. It returns
 // its epoch and its stored heartbeat as the server's text.
-func freeLockOf(ctx context.Context, t *testing.T, db *sql.DB, store *leadership.Elector, instance string) (int64, string) {
+func freeLockOf(ctx context.Context, t *testing.T, db *sql.DB, el *leadership.Elector, instance string) (int64, string) {
 	t.Helper()
 	if err := checkpoint.EnsureRow(ctx, db, "default"); err != nil {
 		t.Fatal(err)
@@ -222,10 +222,10 @@ type acquired struct {
 	err    error
 }
 
-func acquireAsync(ctx context.Context, store *leadership.Elector) <-chan acquired {
+func acquireAsync(ctx context.Context, el *leadership.Elector) <-chan acquired {
 	ch := make(chan acquired, 1)
 	go func() {
-		l, err := store.Acquire(ctx)
+		l, err := el.Acquire(ctx)
 		ch <- acquired{l, err}
 	}()
 	return ch
@@ -241,21 +241,21 @@ func TestAcquireWaitsOutTheLeaseOfAFreeLock(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
 	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 3 * time.Second, Instance: "new"}
-	store, err := leadership.New(db, cfg)
+	el, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldEpoch, hb := freeLockOf(ctx, t, db, store, "old")
+	oldEpoch, hb := freeLockOf(ctx, t, db, el, "old")
 
-	res := acquireAsync(ctx, store)
+	res := acquireAsync(ctx, el)
 	waitEpoch(ctx, t, db, oldEpoch+1)
 	other := cfg
 	other.Instance = "other"
-	otherStore, err := leadership.New(db, other)
+	otherEl, err := leadership.New(db, other)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := otherStore.Acquire(ctx); !errors.Is(err, leadership.ErrHeld) {
+	if _, err := otherEl.Acquire(ctx); !errors.Is(err, leadership.ErrHeld) {
 		t.Errorf("another standby's Acquire while the new leader waits: %v, want ErrHeld", err)
 	}
 	var r acquired
@@ -283,13 +283,13 @@ func TestAcquireWaitEndsWithTheContext(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
 	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "new"}
-	store, err := leadership.New(db, cfg)
+	el, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldEpoch, _ := freeLockOf(ctx, t, db, store, "old")
+	oldEpoch, _ := freeLockOf(ctx, t, db, el, "old")
 	actx, cancel := context.WithCancel(ctx)
-	res := acquireAsync(actx, store)
+	res := acquireAsync(actx, el)
 	waitEpoch(ctx, t, db, oldEpoch+1)
 	cancel()
 	r := <-res
@@ -310,7 +310,7 @@ func TestAcquireWaitEndsWithTheContext(t *testing.T) {
 }
 
 // A leader that released leadership has stopped publishing: the next one
-// leads at once, without waiting out its lease; so does the same store
+// leads at once, without waiting out its lease; so does the same el
 // after its own released term even when the row still names it (Release
 // could not clear it).
 func TestAcquireAfterReleaseDoesNotWait(t *testing.T) {
