@@ -171,7 +171,7 @@ func TestConfigLeaderLease(t *testing.T) {
 // connection alone has ended (a proxy's idle timeout, a KILL) while its
 // heartbeat is fresh: the lock is free, leader_instance names it. It returns
 // its epoch and its stored heartbeat as the server's text.
-func freeLockOf(ctx context.Context, t *testing.T, db *sql.DB, el *leadership.Elector, instance string) (int64, string) {
+func freeLockOf(ctx context.Context, t *testing.T, db *sql.DB, instance string) (int64, string) {
 	t.Helper()
 	if err := checkpoint.EnsureRow(ctx, db, "default"); err != nil {
 		t.Fatal(err)
@@ -245,7 +245,7 @@ func TestAcquireWaitsOutTheLeaseOfAFreeLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldEpoch, hb := freeLockOf(ctx, t, db, el, "old")
+	oldEpoch, hb := freeLockOf(ctx, t, db, "old")
 
 	res := acquireAsync(ctx, el)
 	waitEpoch(ctx, t, db, oldEpoch+1)
@@ -287,7 +287,7 @@ func TestAcquireWaitEndsWithTheContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldEpoch, _ := freeLockOf(ctx, t, db, el, "old")
+	oldEpoch, _ := freeLockOf(ctx, t, db, "old")
 	actx, cancel := context.WithCancel(ctx)
 	res := acquireAsync(actx, el)
 	waitEpoch(ctx, t, db, oldEpoch+1)
