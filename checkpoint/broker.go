@@ -6,24 +6,6 @@ import (
 	"time"
 )
 
-// BrokerState is the RabbitMQ side of a leader as the progress row tells
-// it (columns broker and confirms_stalled_at).
-type BrokerState struct {
-	// Node is the node the leader's publisher is connected to, host:port
-	// (never credentials).
-	Node string
-	// Stalled is nil while the broker confirms; otherwise since when it
-	// has not confirmed the messages on the wire.
-	Stalled *StallState
-}
-
-// StallState is a stall of publisher confirms: since when, and how long ago
-// by the server's clock.
-type StallState struct {
-	Since   time.Time
-	Seconds float64
-}
-
 // SetBroker records the RabbitMQ node the leader of epoch publishes to
 // (node "" clears it: not connected, paused, or the term ended) and, when
 // stalledFor > 0, that the broker has not confirmed for that long (the

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -20,14 +22,18 @@ func TestSetBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leader, err := store.Acquire(ctx)
+	el, err := leadership.New(db, leadership.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader, err := el.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer leader.Release(context.WithoutCancel(ctx))
-	broker := func() *checkpoint.BrokerState {
+	broker := func() *operator.BrokerState {
 		t.Helper()
-		rows, err := checkpoint.ReadStatus(ctx, db, "default", 10*time.Second)
+		rows, err := operator.ReadStatus(ctx, db, "default", 10*time.Second)
 		if err != nil || len(rows) != 1 {
 			t.Fatalf("read status: %v (%d rows)", err, len(rows))
 		}

@@ -18,10 +18,10 @@ func (s *Store) MarkFailed(ctx context.Context, epoch int64, reason string) erro
 	const set = `UPDATE outbox_relay_progress SET status = 'FAILED', failed_at = UTC_TIMESTAMP(6),
 		paused_at = NULL, paused_epoch = NULL, error_count = error_count + 1, last_error = ?
 		WHERE relay_name = ? AND `
-	err := s.ensureRow(ctx)
+	err := EnsureRow(ctx, s.db, s.cfg.RelayName)
 	if err == nil {
 		_, err = s.db.ExecContext(ctx, set+"(epoch = ? OR IS_FREE_LOCK(?) = 1)", truncate(reason, 1024), s.cfg.RelayName,
-			epoch, s.lockName())
+			epoch, LockName(s.cfg.RelayName))
 	}
 	if err != nil {
 		return fmt.Errorf("mark relay %q failed: %w", s.cfg.RelayName, err)

@@ -5,14 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
-
-	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/position"
 )
@@ -26,40 +22,18 @@ const (
 
 // Defaults of Config, exported so that the CLI's flags declare the same.
 const (
-	DefaultRelayName         = "default"
-	DefaultTable             = "outbox"
-	DefaultOnDelivered       = Delete
-	DefaultHeartbeatInterval = 2 * time.Second
-	// DefaultLeaderLease is the lease of the default heartbeat; an unset
-	// LeaderLease is LeaderLeaseFor(HeartbeatInterval).
-	DefaultLeaderLease = 10 * time.Second
+	DefaultRelayName   = "default"
+	DefaultTable       = "outbox"
+	DefaultOnDelivered = Delete
 )
-
-// LeaderLeaseFor is the default lease of a heartbeat interval:
-// DefaultLeaderLease, or 5 heartbeats when that is longer.
-func LeaderLeaseFor(heartbeat time.Duration) time.Duration {
-	return max(DefaultLeaderLease, 5*heartbeat)
-}
 
 // Config says whose progress row this is and how rows are acknowledged.
 // Zero values take the defaults above (SetDefaults).
 type Config struct {
-	RelayName         string        // default DefaultRelayName
-	Table             string        // the outbox table; default DefaultTable
-	OnDelivered       string        // Delete (default) or Mark
-	Instance          string        // leader_instance; default host:pid
-	HeartbeatInterval time.Duration // leadership heartbeat; default DefaultHeartbeatInterval
-	LeaderLease       time.Duration // a leader without a heartbeat this long is taken over; default LeaderLeaseFor(HeartbeatInterval), at least 3 heartbeats
-	Logger            *zap.Logger   // where Acquire says it waits out a previous leader's lease; default none
-	// LockWatch is how long each wait of a leader's lock connection lasts
-	// (one DO SLEEP each; its end, a kill or a cut, ends leadership at
-	// once); default DefaultLockWatch.
-	LockWatch time.Duration
+	RelayName   string // default DefaultRelayName
+	Table       string // the outbox table; default DefaultTable
+	OnDelivered string // Delete (default) or Mark
 }
-
-// DefaultLockWatch is Config.LockWatch's default: one statement per five
-// minutes on an idle leader's lock connection.
-const DefaultLockWatch = 5 * time.Minute
 
 var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}$`)
 
@@ -73,22 +47,6 @@ func (c *Config) SetDefaults() {
 	}
 	if c.OnDelivered == "" {
 		c.OnDelivered = DefaultOnDelivered
-	}
-	if c.Instance == "" {
-		host, _ := os.Hostname()
-		c.Instance = fmt.Sprintf("%s:%d", host, os.Getpid())
-	}
-	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.LeaderLease <= 0 {
-		c.LeaderLease = LeaderLeaseFor(c.HeartbeatInterval)
-	}
-	if c.Logger == nil {
-		c.Logger = zap.NewNop()
-	}
-	if c.LockWatch <= 0 {
-		c.LockWatch = DefaultLockWatch
 	}
 }
 
@@ -108,12 +66,19 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("Config.OnDelivered %q: want %q or %q", d.OnDelivered, Delete, Mark)
 	}
-	if d.LeaderLease < 3*d.HeartbeatInterval {
-		return fmt.Errorf("Config.LeaderLease %v is shorter than 3 heartbeat intervals (%v): a leader would lose it between two heartbeats",
-			d.LeaderLease, 3*d.HeartbeatInterval)
-	}
 	return nil
 }
+
+// The values of outbox_relay_progress.status.
+const (
+	StatusActive = "ACTIVE" // the leader reads and publishes
+	StatusPaused = "PAUSED" // an operator paused it: the leader keeps leadership and reads nothing further
+	StatusFailed = "FAILED" // the last leader stopped on an error a restart does not cure (MarkFailed)
+)
+
+// SetByOperator begins the mode reason `checkpoint set` stores (with the
+// old and new positions); the next leader logs it.
+const SetByOperator = "checkpoint set by an operator"
 
 // Progress is the relay's row in outbox_relay_progress.
 type Progress struct {
@@ -140,10 +105,6 @@ var ErrFenced = errors.New("leadership lost: the progress row belongs to a newer
 type Store struct {
 	db  *sql.DB
 	cfg Config
-
-	mu       sync.Mutex
-	released int64     // the epoch of the last leader of this store that was released: its term is over
-	pruned   time.Time // when BeatInstance last deleted long-dead instances
 }
 
 // New returns a store over db, which must reach the database holding the
@@ -197,6 +158,36 @@ func (s *Store) RecordError(ctx context.Context, epoch int64, msg string) error 
 	return nil
 }
 
+// EnsureRow creates relayName's progress row if it is missing. A plain
+// read first: INSERT IGNORE of an existing row waits for a lock on it,
+// which a stopped leader's transaction may hold for as long as it is
+// stopped.
+func EnsureRow(ctx context.Context, db *sql.DB, relayName string) error {
+	var one int
+	err := db.QueryRowContext(ctx, "SELECT 1 FROM outbox_relay_progress WHERE relay_name = ?", relayName).Scan(&one)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("read progress row for relay %q: %w", relayName, err)
+	}
+	if _, err := db.ExecContext(ctx,
+		"INSERT IGNORE INTO outbox_relay_progress (relay_name) VALUES (?)", relayName); err != nil {
+		return fmt.Errorf("create progress row for relay %q: %w", relayName, err)
+	}
+	return nil
+}
+
+// LockName is the MySQL user lock (GET_LOCK) that the leader of relayName
+// holds (package leadership); MarkFailed marks a relay without a leader
+// by finding it free.
+func LockName(relayName string) string { return "outbox-relay:" + relayName }
+
+// CutReason is reason as the progress row's text columns store it
+// (mode_reason, last_error): at most maxReason bytes of valid UTF-8, cut
+// on a rune boundary.
+func CutReason(reason string) string { return truncate(reason, maxReason) }
+
 // truncate cuts s to at most n bytes on a rune boundary, with invalid UTF-8
 // replaced first: the columns are utf8mb4, and a server in strict mode
 // refuses an invalid string rather than storing part of it.
@@ -248,6 +239,18 @@ func (s *Store) RecordLastEvent(ctx context.Context, epoch int64, t time.Time) e
 		WHERE relay_name = ? AND epoch = ?`, t.UTC(), t.UTC(), s.cfg.RelayName, epoch)
 	if err != nil {
 		return fmt.Errorf("record last event time of relay %q: %w", s.cfg.RelayName, err)
+	}
+	return nil
+}
+
+// MarkPaused records that this store's leader of epoch has stopped
+// reading and publishing for the pause: paused_epoch, which `pause` waits
+// for and `checkpoint set` requires. A resume given meanwhile (status no
+// longer PAUSED) or a newer leader leaves the row unchanged.
+func (s *Store) MarkPaused(ctx context.Context, epoch int64) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress SET paused_epoch = ?
+		WHERE relay_name = ? AND epoch = ? AND status = 'PAUSED'`, epoch, s.cfg.RelayName, epoch); err != nil {
+		return fmt.Errorf("record the pause of relay %q: %w", s.cfg.RelayName, err)
 	}
 	return nil
 }

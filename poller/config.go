@@ -62,12 +62,12 @@ type Config struct {
 	// in-flight series (AddInflight); nil records nothing.
 	Metrics *metrics.Metrics
 	// Leading reports whether this process may still publish: the relay
-	// passes its leader's checkpoint.Leader.Valid (leadership held and the
+	// passes its leader's leadership.Leader.Valid (leadership held and the
 	// lease not expired). Every round (Run's, Drain's and the
 	// DelayedSweeper's) calls it once it has claimed its rows and before it
 	// publishes any of them. False rolls the round back unpublished, its rows
 	// unlocked and still pending, and ends the call: Run (and Drain, Round)
-	// returns an error wrapping checkpoint.ErrLeaseExpired. So a leader that
+	// returns an error wrapping leadership.ErrLeaseExpired. So a leader that
 	// was stopped past its lease publishes no row committed after it
 	// stopped, even if it claims one before it notices. It must be cheap and
 	// safe for concurrent use; nil means always true.

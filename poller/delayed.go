@@ -54,7 +54,7 @@ func (s *DelayedSweeper) Pending(ctx context.Context) (bool, error) {
 // At-least-once like every round: if it fails after publishing, the rows
 // stay pending and are published again. Like a poll round it asks
 // Config.Leading after its claim: an error wrapping
-// checkpoint.ErrLeaseExpired, nothing published, when it says no.
+// leadership.ErrLeaseExpired, nothing published, when it says no.
 func (s *DelayedSweeper) Round(ctx context.Context) (int, error) {
 	w, p := s.w, s.w.p
 	tx, err := p.db.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/poller"
@@ -16,7 +17,7 @@ import (
 // A poller whose Leading says no (a leader stopped past its lease): its
 // round claims rows, asks Leading with them claimed, publishes none and
 // rolls back: the rows stay pending and lockable, and Run returns an error
-// wrapping checkpoint.ErrLeaseExpired by itself. Drain ends the same way.
+// wrapping leadership.ErrLeaseExpired by itself. Drain ends the same way.
 // A poller that leads then delivers every row exactly once, which also
 // shows that nothing was published before.
 func TestNotLeadingPublishesNothing(t *testing.T) {
@@ -63,8 +64,8 @@ func TestNotLeadingPublishesNothing(t *testing.T) {
 		t.Fatalf("Run returned (%v) only when its context ended, want at once by itself", err)
 	}
 	cancel()
-	if !errors.Is(err, checkpoint.ErrLeaseExpired) {
-		t.Fatalf("Run: %v, want an error wrapping checkpoint.ErrLeaseExpired", err)
+	if !errors.Is(err, leadership.ErrLeaseExpired) {
+		t.Fatalf("Run: %v, want an error wrapping leadership.ErrLeaseExpired", err)
 	}
 	t.Logf("Run: %v", err)
 	if n := calls.Load(); n != 1 {
@@ -86,8 +87,8 @@ func TestNotLeadingPublishesNothing(t *testing.T) {
 	}
 
 	n, err := e.poller(t, notLeading).Drain(ctx)
-	if n != 0 || !errors.Is(err, checkpoint.ErrLeaseExpired) {
-		t.Fatalf("Drain: %d, %v; want 0 and an error wrapping checkpoint.ErrLeaseExpired", n, err)
+	if n != 0 || !errors.Is(err, leadership.ErrLeaseExpired) {
+		t.Fatalf("Drain: %d, %v; want 0 and an error wrapping leadership.ErrLeaseExpired", n, err)
 	}
 	if got := v.Received(); got != 0 {
 		t.Fatalf("%d messages arrived from a poller that was not leading", got)
@@ -124,8 +125,8 @@ func TestNotLeadingSweepsNothing(t *testing.T) {
 	}
 	defer s.Close()
 	n, err := s.Round(ctx)
-	if n != 0 || !errors.Is(err, checkpoint.ErrLeaseExpired) || !asked.Load() {
-		t.Fatalf("Round: %d, %v (Leading asked: %v); want 0 and an error wrapping checkpoint.ErrLeaseExpired", n, err, asked.Load())
+	if n != 0 || !errors.Is(err, leadership.ErrLeaseExpired) || !asked.Load() {
+		t.Fatalf("Round: %d, %v (Leading asked: %v); want 0 and an error wrapping leadership.ErrLeaseExpired", n, err, asked.Load())
 	}
 	if n := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL"); n != 1 {
 		t.Fatalf("%d rows pending, want the delayed one", n)

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/ordering"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -111,7 +112,7 @@ func (e *CutError) Unwrap() error { return e.Err }
 // the first fatal error, after stopping every worker: checkpoint.ErrFenced
 // (wrapped; match with errors.Is) when the progress row moved to a newer
 // epoch — leadership is lost and nothing more was acknowledged —,
-// checkpoint.ErrLeaseExpired (wrapped) when cfg.Leading said no after a
+// leadership.ErrLeaseExpired (wrapped) when cfg.Leading said no after a
 // round's claim — that round published nothing —, or an error no retry can
 // fix (missing table, column or index, access denied, the publisher
 // closed). Other failures (database or broker unreachable,
@@ -614,12 +615,12 @@ func partitions(recs []*outbox.Record) int {
 
 // checkLeading asks cfg.Leading, between a round's claim of n rows and its
 // first publish, whether this process may still publish; an error wrapping
-// checkpoint.ErrLeaseExpired when not (the caller rolls the round back).
+// leadership.ErrLeaseExpired when not (the caller rolls the round back).
 func (p *Poller) checkLeading(n int) error {
 	if p.cfg.Leading == nil || p.cfg.Leading() {
 		return nil
 	}
-	return fmt.Errorf("poll round of %d claimed rows rolled back unpublished: no longer leading: %w", n, checkpoint.ErrLeaseExpired)
+	return fmt.Errorf("poll round of %d claimed rows rolled back unpublished: no longer leading: %w", n, leadership.ErrLeaseExpired)
 }
 
 // claim locks up to limit of ids (sorted) that are pending, due and not
@@ -827,7 +828,7 @@ func (p *Poller) ack(ctx context.Context, tx *sql.Tx, recs []*outbox.Record, fai
 // the lease expired), the publisher closed, or the schema or grants are
 // wrong.
 func fatal(err error) bool {
-	if errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, checkpoint.ErrLeaseExpired) || errors.Is(err, publish.ErrClosed) {
+	if errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, leadership.ErrLeaseExpired) || errors.Is(err, publish.ErrClosed) {
 		return true
 	}
 	var me *mysql.MySQLError

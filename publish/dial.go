@@ -60,7 +60,7 @@ func (o ConnOptions) external(hasPassword bool) bool {
 // Errors name the option and the file, never a password or a file's content.
 func (o ConnOptions) Check(rawURL string) error {
 	if (o.TLSCert == "") != (o.TLSKey == "") {
-		return errors.New("a client certificate needs both --amqp-tls-cert and --amqp-tls-key")
+		return errors.New("a client certificate needs both ConnOptions.TLSCert and ConnOptions.TLSKey")
 	}
 	for _, one := range strings.Split(rawURL, ",") {
 		if err := o.checkURL(strings.TrimSpace(one)); err != nil {
@@ -81,24 +81,24 @@ func (o ConnOptions) Check(rawURL string) error {
 func (o ConnOptions) checkURL(raw string) error {
 	uri, err := amqp.ParseURI(raw)
 	if err != nil {
-		return fmt.Errorf("--amqp-url %s does not parse (the form is amqp://user:pass@host:5672/vhost, amqps:// for TLS)", redact.URL(raw))
+		return fmt.Errorf("Config.URL %s does not parse (the form is amqp://user:pass@host:5672/vhost, amqps:// for TLS)", redact.URL(raw))
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("--amqp-url %s does not parse", redact.URL(raw))
+		return fmt.Errorf("Config.URL %s does not parse", redact.URL(raw))
 	}
 	if o.tlsGiven() && uri.Scheme != "amqps" {
-		return fmt.Errorf("--amqp-tls-ca, --amqp-tls-cert and --amqp-tls-key are for TLS, but --amqp-url %s is amqp://: use amqps:// and the broker's TLS port (5671 by default)", redact.URL(raw))
+		return fmt.Errorf("ConnOptions.TLSCA, ConnOptions.TLSCert and ConnOptions.TLSKey are for TLS, but Config.URL %s is amqp://: use amqps:// and the broker's TLS port (5671 by default)", redact.URL(raw))
 	}
 	if o.tlsGiven() && (uri.CACertFile != "" || uri.CertFile != "" || uri.KeyFile != "") {
-		return fmt.Errorf("--amqp-url %s has TLS parameters (cacertfile, certfile, keyfile) and --amqp-tls-* are given too: use one or the other", redact.URL(raw))
+		return fmt.Errorf("Config.URL %s has TLS parameters (cacertfile, certfile, keyfile) and ConnOptions.TLSCA, ConnOptions.TLSCert or ConnOptions.TLSKey are given too: use one or the other", redact.URL(raw))
 	}
 	if o.PasswordFile != "" {
 		if _, has := u.User.Password(); has {
-			return fmt.Errorf("--amqp-url %s has a password and --amqp-password-file %s is given too: remove the password from the URL", redact.URL(raw), o.PasswordFile)
+			return fmt.Errorf("Config.URL %s has a password and ConnOptions.PasswordFile %s is given too: remove the password from the URL", redact.URL(raw), o.PasswordFile)
 		}
 		if u.User.Username() == "" {
-			return fmt.Errorf("--amqp-password-file %s is given but --amqp-url %s names no user: put the user in the URL, amqp://USER@host:5672/vhost", o.PasswordFile, redact.URL(raw))
+			return fmt.Errorf("ConnOptions.PasswordFile %s is given but Config.URL %s names no user: put the user in the URL, amqp://USER@host:5672/vhost", o.PasswordFile, redact.URL(raw))
 		}
 	}
 	return nil
@@ -108,7 +108,7 @@ func (o ConnOptions) checkURL(raw string) error {
 func (o ConnOptions) password() (string, error) {
 	pw, err := redact.ReadPasswordFile(o.PasswordFile)
 	if err != nil {
-		return "", fmt.Errorf("--amqp-password-file: %w", err)
+		return "", fmt.Errorf("ConnOptions.PasswordFile: %w", err)
 	}
 	return pw, nil
 }
@@ -124,18 +124,18 @@ func (o ConnOptions) tlsConfig() (*tls.Config, error) {
 	if o.TLSCA != "" {
 		data, err := os.ReadFile(o.TLSCA)
 		if err != nil {
-			return nil, fmt.Errorf("read --amqp-tls-ca: %w", err)
+			return nil, fmt.Errorf("read ConnOptions.TLSCA: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(data) {
-			return nil, fmt.Errorf("--amqp-tls-ca %s holds no PEM certificate: give the CA certificate that signed the broker's, in PEM (-----BEGIN CERTIFICATE-----)", o.TLSCA)
+			return nil, fmt.Errorf("ConnOptions.TLSCA %s holds no PEM certificate: give the CA certificate that signed the broker's, in PEM (-----BEGIN CERTIFICATE-----)", o.TLSCA)
 		}
 		cfg.RootCAs = pool
 	}
 	if o.TLSCert != "" {
 		pair, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
 		if err != nil {
-			return nil, fmt.Errorf("load the client certificate --amqp-tls-cert %s with its key --amqp-tls-key %s (PEM files, the key unencrypted): %w", o.TLSCert, o.TLSKey, err)
+			return nil, fmt.Errorf("load the client certificate ConnOptions.TLSCert %s with its key ConnOptions.TLSKey %s (PEM files, the key unencrypted): %w", o.TLSCert, o.TLSKey, err)
 		}
 		cfg.Certificates = []tls.Certificate{pair}
 	}
@@ -293,9 +293,9 @@ func tlsCause(rawURL string, o ConnOptions, sawTLS bool, err error) string {
 	if uri, perr := amqp.ParseURI(rawURL); perr == nil {
 		host = uri.Host
 	}
-	ca := "the system's CA certificates (give the broker's CA with --amqp-tls-ca)"
+	ca := "the system's CA certificates (give the broker's CA with ConnOptions.TLSCA)"
 	if o.TLSCA != "" {
-		ca = "--amqp-tls-ca " + o.TLSCA + ": give the CA that signed the broker's certificate"
+		ca = "ConnOptions.TLSCA " + o.TLSCA + ": give the CA that signed the broker's certificate"
 	}
 	var (
 		unknownCA x509.UnknownAuthorityError
@@ -306,13 +306,13 @@ func tlsCause(rawURL string, o ConnOptions, sawTLS bool, err error) string {
 	)
 	switch {
 	case sawTLS:
-		return "TLS: the broker answered in TLS, this port is a TLS listener: use amqps:// (with --amqp-tls-ca for a private CA)"
+		return "TLS: the broker answered in TLS, this port is a TLS listener: use amqps:// (with ConnOptions.TLSCA for a private CA)"
 	case errors.As(err, &record):
 		return "TLS: the broker did not answer in TLS, this port speaks plain AMQP: use amqp://, or the broker's TLS port (5671 by default) with amqps://"
 	case errors.As(err, &unknownCA):
 		return "TLS: the broker's certificate is not signed by a CA in " + ca
 	case errors.As(err, &hostname):
-		return fmt.Sprintf("TLS: the broker's certificate does not name the host %s of --amqp-url: use a host name the certificate holds, or give the broker a certificate for %s", host, host)
+		return fmt.Sprintf("TLS: the broker's certificate does not name the host %s of Config.URL: use a host name the certificate holds, or give the broker a certificate for %s", host, host)
 	case errors.As(err, &invalid):
 		return "TLS: the broker's certificate is not valid (expired, not yet valid, or not for a server): renew it"
 	case errors.As(err, &ae) && strings.Contains(ae.Reason, "tls: "):
@@ -320,13 +320,13 @@ func tlsCause(rawURL string, o ConnOptions, sawTLS bool, err error) string {
 		// did not accept our client certificate (or has none of our TLS
 		// versions and ciphers).
 		if o.TLSCert == "" {
-			return "TLS: the broker refused the handshake (" + ae.Reason + "): it probably wants a client certificate, give --amqp-tls-cert and --amqp-tls-key"
+			return "TLS: the broker refused the handshake (" + ae.Reason + "): it probably wants a client certificate, give ConnOptions.TLSCert and ConnOptions.TLSKey"
 		}
-		return "TLS: the broker refused the handshake (" + ae.Reason + "): check that --amqp-tls-cert " + o.TLSCert + " is signed by a CA the broker trusts (its ssl_options.cacertfile) and still valid"
+		return "TLS: the broker refused the handshake (" + ae.Reason + "): check that ConnOptions.TLSCert " + o.TLSCert + " is signed by a CA the broker trusts (its ssl_options.cacertfile) and still valid"
 	}
 	var alert tls.AlertError
 	if errors.As(err, &alert) {
-		return "TLS: the broker refused the handshake (" + alert.Error() + "): check --amqp-tls-cert and --amqp-tls-key, and the TLS versions the broker allows"
+		return "TLS: the broker refused the handshake (" + alert.Error() + "): check ConnOptions.TLSCert and ConnOptions.TLSKey, and the TLS versions the broker allows"
 	}
 	return ""
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
-// SplitURLs splits an --amqp-url value into its URLs: one URL, or several
+// SplitURLs splits a Config.URL value into its URLs: one URL, or several
 // separated by commas (the nodes of a cluster, tried in turn). Spaces around
 // a comma are ignored; a comma inside a password must be written %2C. It
 // refuses an empty element and a URL that does not parse or whose scheme is
@@ -23,20 +23,20 @@ func SplitURLs(raw string) ([]string, error) {
 		u := strings.TrimSpace(part)
 		if u == "" {
 			if len(parts) == 1 {
-				return nil, fmt.Errorf("--amqp-url is empty: give the broker's URL, amqp://user:pass@host:5672/vhost")
+				return nil, fmt.Errorf("Config.URL is empty: give the broker's URL, amqp://user:pass@host:5672/vhost")
 			}
-			return nil, fmt.Errorf("--amqp-url %s: URL %d of %d is empty (two commas in a row, or a comma at an end): remove the extra comma",
+			return nil, fmt.Errorf("Config.URL %s: URL %d of %d is empty (two commas in a row, or a comma at an end): remove the extra comma",
 				redact.URL(raw), i+1, len(parts))
 		}
 		uri, err := amqp.ParseURI(u)
 		if err != nil {
 			// A parse error quotes the URL, and a piece of the password where
 			// it cut one out: redact.ParseError masks both.
-			return nil, fmt.Errorf("--amqp-url %s: %v; the form is amqp://user:pass@host:5672/vhost (amqps:// for TLS), "+
+			return nil, fmt.Errorf("Config.URL %s: %v; the form is amqp://user:pass@host:5672/vhost (amqps:// for TLS), "+
 				"and several nodes are separated by commas, each URL with its scheme", redact.URL(u), redact.ParseError(err, u))
 		}
 		if uri.Port < 1 || uri.Port > 65535 {
-			return nil, fmt.Errorf("--amqp-url %s: port %d out of range 1..65535", redact.URL(u), uri.Port)
+			return nil, fmt.Errorf("Config.URL %s: port %d out of range 1..65535", redact.URL(u), uri.Port)
 		}
 		urls = append(urls, u)
 	}

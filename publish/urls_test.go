@@ -19,7 +19,7 @@ func TestSplitURLs(t *testing.T) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 	for _, c := range []struct{ in, want string }{
-		{"", "--amqp-url is empty"},
+		{"", "Config.URL is empty"},
 		{"amqp://u:sekret@a:5672/,,amqp://u:sekret@b:5672/", "URL 2 of 3 is empty"},
 		{",amqp://u:sekret@a:5672/", "URL 1 of 2 is empty"},
 		{"amqp://u:sekret@a:5672/,b:5672", "each URL with its scheme"},

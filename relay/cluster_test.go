@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -192,9 +192,9 @@ func startClusterRun(t *testing.T, c *testenv.RabbitCluster, classicNode int, no
 }
 
 // brokerStatus is what the progress row (status) says of the broker.
-func (r *clusterRun) brokerStatus(ctx context.Context) *checkpoint.BrokerState {
+func (r *clusterRun) brokerStatus(ctx context.Context) *operator.BrokerState {
 	r.t.Helper()
-	rows, err := checkpoint.ReadStatus(ctx, r.db.SQL, r.cfg.RelayName, time.Minute)
+	rows, err := operator.ReadStatus(ctx, r.db.SQL, r.cfg.RelayName, time.Minute)
 	if err != nil {
 		r.t.Fatalf("read status: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -36,8 +37,8 @@ const (
 	DefaultLanes               = 2
 	DefaultConfirmWindow       = publish.DefaultConfirmWindow
 	DefaultMaxAttempts         = publish.DefaultMaxAttempts
-	DefaultHeartbeatInterval   = checkpoint.DefaultHeartbeatInterval
-	DefaultLeaderLease         = checkpoint.DefaultLeaderLease // with the default heartbeat; see checkpoint.LeaderLeaseFor
+	DefaultHeartbeatInterval   = leadership.DefaultHeartbeatInterval
+	DefaultLeaderLease         = leadership.DefaultLeaderLease // with the default heartbeat; see leadership.LeaderLeaseFor
 	DefaultCheckpointInterval  = 5 * time.Minute
 	DefaultShutdownTimeout     = 30 * time.Second
 	DefaultMaintenanceInterval = time.Hour
@@ -79,7 +80,7 @@ type Config struct {
 	MaxAttempts      int   // broker nacks before a message goes to outbox_failed; default 5
 
 	HeartbeatInterval  time.Duration // leadership heartbeat; default 2s
-	LeaderLease        time.Duration // a leader without a heartbeat this long is taken over by a standby; default checkpoint.LeaderLeaseFor(HeartbeatInterval): 10s, or 5 heartbeats if longer; at least 3 heartbeats
+	LeaderLease        time.Duration // a leader without a heartbeat this long is taken over by a standby; default leadership.LeaderLeaseFor(HeartbeatInterval): 10s, or 5 heartbeats if longer; at least 3 heartbeats
 	CheckpointInterval time.Duration // how often an idle relay moves its position past foreign transactions (its own heartbeats among them); default 5m
 	StandbyRetry       time.Duration // the longest a standby waits for the leader's lock in one look (a freed lock is taken at once); default 4/5 of the lease, at most 4/5 of it
 	ShutdownTimeout    time.Duration // how long a stop (shutdown, pause) waits for the work under way; default 30s
@@ -141,7 +142,7 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
 	setDefault(&c.HeartbeatInterval, DefaultHeartbeatInterval)
 	setDefault(&c.CheckpointInterval, DefaultCheckpointInterval)
-	setDefault(&c.LeaderLease, checkpoint.LeaderLeaseFor(c.HeartbeatInterval))
+	setDefault(&c.LeaderLease, leadership.LeaderLeaseFor(c.HeartbeatInterval))
 	// A standby waits for the lock, so a freed lock is taken at once, and
 	// looks again just after a stopped leader's lease would end; between
 	// looks it records itself in outbox_relay_instances, which must stay

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -110,7 +111,7 @@ func TestStatusFailedOnGrantRefusalClearedByNextTermAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused()
-	if was, err := checkpoint.Resume(ctx, db.SQL, "default"); err != nil || was != checkpoint.StatusFailed {
+	if was, err := operator.Resume(ctx, db.SQL, "default"); err != nil || was != checkpoint.StatusFailed {
 		t.Fatalf("resume: was %q, %v; want FAILED", was, err)
 	}
 	wantActive(ctx, t, db.SQL)

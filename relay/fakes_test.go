@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -260,4 +261,4 @@ func rec(id uint64, key string) *outbox.Record {
 
 // errLeaseExpiredForTest is what a lane ends with when the lease may have
 // expired (the one place these tests name leadership's error).
-var errLeaseExpiredForTest = checkpoint.ErrLeaseExpired
+var errLeaseExpiredForTest = leadership.ErrLeaseExpired

@@ -21,11 +21,11 @@ type instanceRow struct {
 	failing bool
 }
 
-// beat records this process with role (checkpoint.RoleLeader or
+// beat records this process with role (leadership.RoleLeader or
 // RoleStandby) and a fresh heartbeat.
 func (b *instanceRow) beat(ctx context.Context, role string) {
 	bctx, cancel := context.WithTimeout(ctx, beatTimeout)
-	err := b.r.store.BeatInstance(bctx, role)
+	err := b.r.elector.BeatInstance(bctx, role)
 	cancel()
 	switch {
 	case err == nil:
@@ -50,7 +50,7 @@ func (b *instanceRow) beat(ctx context.Context, role string) {
 func (b *instanceRow) remove(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beatTimeout)
 	defer cancel()
-	if err := b.r.store.RemoveInstance(rctx); err != nil {
+	if err := b.r.elector.RemoveInstance(rctx); err != nil {
 		b.r.log.Debug("cannot remove this instance from outbox_relay_instances", zap.Error(err))
 	}
 }

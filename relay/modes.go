@@ -395,7 +395,7 @@ func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 // newPoller returns a poller of leader's term. Every round checks
 // leader.Valid between its claim and its first publish
 // (poller.Config.Leading): one that finds the lease expired is rolled back
-// unpublished and ends the call with checkpoint.ErrLeaseExpired.
+// unpublished and ends the call with leadership.ErrLeaseExpired.
 func (r *Relay) newPoller(pub *publish.Publisher, leader lease) (*poller.Poller, error) {
 	p, err := poller.New(r.db, pub, r.store, leader.Epoch(), poller.Config{
 		Table: r.cfg.Table, OnDelivered: r.cfg.OnDelivered, Interval: r.cfg.PollInterval,

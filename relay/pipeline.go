@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/ordering"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -275,7 +275,7 @@ func (p *pipeline) runLane(ctx context.Context, i int) error {
 		// expired (this process was stopped, a standby may lead) is never
 		// published by this leader.
 		if !p.leader.Valid() {
-			return fmt.Errorf("lane %d: %w", i, checkpoint.ErrLeaseExpired)
+			return fmt.Errorf("lane %d: %w", i, leadership.ErrLeaseExpired)
 		}
 		// Before the publish: the failover check must know of every
 		// transaction a message of which may have reached the broker.

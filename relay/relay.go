@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -37,7 +38,9 @@ type Relay struct {
 	cfg   Config
 	log   *zap.Logger
 	db    *sql.DB
-	store *checkpoint.Store // leadership, instances, status FAILED; the poller's store
+	store *checkpoint.Store // status FAILED, errors, broker; the poller's store
+	// elector takes leadership and keeps this process's instances row.
+	elector *leadership.Elector
 	// progress is store as a leader term's modes use it (the seam the
 	// unit tests fill with a fake).
 	progress progressStore
@@ -142,8 +145,14 @@ func New(cfg Config) (*Relay, error) {
 
 	store, err := checkpoint.New(db, checkpoint.Config{
 		RelayName: cfg.RelayName, Table: cfg.Table, OnDelivered: cfg.OnDelivered,
-		Instance: cfg.Instance, HeartbeatInterval: cfg.HeartbeatInterval, LeaderLease: cfg.LeaderLease,
-		Logger: cfg.Logger,
+	})
+	if err != nil {
+		db.Close()
+		return nil, &ConfigError{err}
+	}
+	elector, err := leadership.New(db, leadership.Config{
+		RelayName: cfg.RelayName, Instance: cfg.Instance, HeartbeatInterval: cfg.HeartbeatInterval,
+		LeaderLease: cfg.LeaderLease, Logger: cfg.Logger,
 	})
 	if err != nil {
 		db.Close()
@@ -155,11 +164,11 @@ func New(cfg Config) (*Relay, error) {
 	}
 	cc := target.Binlog()
 	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
-	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, progress: store, canal: cc}
+	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, elector: elector, progress: store, canal: cc}
 	r.modes = modeRunners{start: r.startMode, binlog: r.runBinlog, poll: r.runPoll}
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
-	r.canal.OwnServerID = store.Led
+	r.canal.OwnServerID = elector.Led
 	r.canal.OnServerIDUnchecked = func(reason string) {
 		r.serverIDUnchecked.Do(func() { r.log.Named("canal").Info("preflight: " + reason) })
 	}
@@ -200,21 +209,21 @@ func (r *Relay) Run(ctx context.Context) error {
 	// statement per look.
 	var wait time.Duration
 	for {
-		leader, err := r.store.AcquireWithin(ctx, wait)
+		leader, err := r.elector.AcquireWithin(ctx, wait)
 		wait = 0
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case errors.Is(err, checkpoint.ErrHeld):
+		case errors.Is(err, leadership.ErrHeld):
 			r.notReady.Store("")
 			m.SetMode("")
-			row.beat(ctx, checkpoint.RoleStandby)
+			row.beat(ctx, leadership.RoleStandby)
 			// At most StandbyRetry (4/5 of the lease by default) between
 			// two looks, so this standby's heartbeat in
 			// outbox_relay_instances stays inside the lease (status
 			// shows it alive).
 			d := min(r.cfg.StandbyRetry, r.cfg.LeaderLease*4/5)
-			var held *checkpoint.HeldError
+			var held *leadership.HeldError
 			if errors.As(err, &held) {
 				log := r.log.Debug
 				if held.Leader != lastLeader {
@@ -245,7 +254,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.log.Info("leading", zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
 		}
 		// Once: the leader's liveness is leader_heartbeat in the progress row.
-		row.beat(ctx, checkpoint.RoleLeader)
+		row.beat(ctx, leadership.RoleLeader)
 		r.notReady.Store("leading, not yet delivering")
 		m.SetLeader(true)
 		started := time.Now()

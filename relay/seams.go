@@ -5,13 +5,14 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/position"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // The seams of the relay: what a leader term consumes, each as the few
 // methods it calls. The production types are wired in New and Run
-// (*publish.Channel, *checkpoint.Store, *checkpoint.Leader,
+// (*publish.Channel, *checkpoint.Store, *leadership.Leader,
 // *canal.Tailer); the unit tests put in-memory fakes in their place.
 
 // sink is one ordering lane's publisher, the changefeed-sink shape
@@ -71,6 +72,6 @@ type source interface {
 var (
 	_ sink          = (*publish.Channel)(nil)
 	_ progressStore = (*checkpoint.Store)(nil)
-	_ lease         = (*checkpoint.Leader)(nil)
+	_ lease         = (*leadership.Leader)(nil)
 	_ source        = (*canal.Tailer)(nil)
 )

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/poller"
 )
 
@@ -64,7 +65,7 @@ func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poll
 				p.leader.Lose(err) // a newer leader exists: end the term now
 				return
 			}
-			if errors.Is(err, checkpoint.ErrLeaseExpired) {
+			if errors.Is(err, leadership.ErrLeaseExpired) {
 				return // Valid has ended the term
 			}
 			if ctx.Err() != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 	"github.com/outbox-relay/outbox-relay/position"
 )
 
@@ -73,7 +74,7 @@ func setupCheckpointShow(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		defer db.Close()
-		rows, err := checkpoint.ReadStatus(ctx, db, r.relayName, r.lease)
+		rows, err := operator.ReadStatus(ctx, db, r.relayName, r.lease)
 		if err != nil {
 			return unknownRelay(err)
 		}
@@ -115,7 +116,7 @@ func setupCheckpointSet(fs *flag.FlagSet) runFunc {
 // setCheckpoint checks that the relay may be changed and the server has
 // want, then writes it.
 func setCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags, want position.Position, force bool) error {
-	rows, err := checkpoint.ReadStatus(ctx, db, r.relayName, r.lease)
+	rows, err := operator.ReadStatus(ctx, db, r.relayName, r.lease)
 	if err != nil {
 		return unknownRelay(err)
 	}
@@ -146,7 +147,7 @@ func setCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFlag
 		return fmt.Errorf("checkpoint set: %w", err)
 	}
 	reason := fmt.Sprintf("%s at %s from %s to %s", checkpoint.SetByOperator, time.Now().UTC().Format(time.RFC3339), cur.Position, want)
-	if err := checkpoint.SetPosition(ctx, db, cur.RelayName, cur.Epoch, want, reason); errors.Is(err, checkpoint.ErrFenced) {
+	if err := operator.SetPosition(ctx, db, cur.RelayName, cur.Epoch, want, reason); errors.Is(err, checkpoint.ErrFenced) {
 		return fmt.Errorf("checkpoint set: relay %q got a new leader meanwhile; nothing changed: check and run again", cur.RelayName)
 	} else if err != nil {
 		return err
@@ -176,7 +177,7 @@ type checkpointShowJSON struct {
 	UpdatedAt   *time.Time     `json:"updated_at"`
 }
 
-func printCheckpoint(w io.Writer, asJSON bool, s checkpoint.RelayStatus) error {
+func printCheckpoint(w io.Writer, asJSON bool, s operator.RelayStatus) error {
 	j := checkpointShowJSON{RelayName: s.RelayName, Status: s.Status, Mode: s.Mode, ModeReason: orNull(flagNames(s.ModeReason)),
 		Epoch: s.Epoch, Leader: leaderOf(s), Checkpoint: checkpointOf(s), LastEventAt: timeOrNull(s.LastEventAt),
 		UpdatedAt: timeOrNull(s.UpdatedAt)}

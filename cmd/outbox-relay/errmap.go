@@ -9,7 +9,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 )
 
 // grantsDoc is where the grants each command needs are listed.
@@ -57,7 +57,7 @@ func fixFor(err error) string {
 		return "check the user and password in --amqp-url or --amqp-password-file and the user's permissions on the vhost"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused: check the host and port and that the server is running"
-	case errors.Is(err, checkpoint.ErrUnknownRelay):
+	case errors.Is(err, operator.ErrUnknownRelay):
 		return "no relay has run with this --relay-name yet: check the name (`outbox-relay status` lists the relays)"
 	}
 	return ""
@@ -79,7 +79,7 @@ func flagOfField(field string) string {
 		return "--mysql-tls-cert"
 	case "Config.MySQLTLSKey":
 		return "--mysql-tls-key"
-	case "Config.AMQPURL":
+	case "Config.AMQPURL", "Config.URL": // relay's and publish's
 		return "--amqp-url"
 	case "ConnOptions.TLSCA":
 		return "--amqp-tls-ca"

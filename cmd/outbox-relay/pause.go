@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 )
 
 func init() {
@@ -76,15 +77,15 @@ func setupPause(fs *flag.FlagSet, pause bool) runFunc {
 			return err
 		}
 		defer db.Close()
-		set := checkpoint.Resume
+		set := operator.Resume
 		if pause {
-			set = checkpoint.Pause
+			set = operator.Pause
 		}
 		was, err := set(ctx, db, r.relayName)
 		if err != nil {
 			return unknownRelay(err)
 		}
-		woke, wakeErr := checkpoint.Wake(ctx, db, r.relayName)
+		woke, wakeErr := operator.Wake(ctx, db, r.relayName)
 		if wakeErr != nil {
 			inv.log.Warn("cannot wake the leader; it notices at its next heartbeat", zap.Error(wakeErr))
 		}
@@ -106,7 +107,7 @@ type pauseJSON struct {
 	Checkpoint checkpointJSON `json:"checkpoint"`
 }
 
-func pauseJSONOf(s checkpoint.RelayStatus, was string) pauseJSON {
+func pauseJSONOf(s operator.RelayStatus, was string) pauseJSON {
 	return pauseJSON{RelayName: s.RelayName, Was: was, Status: s.Status, Paused: pausedOf(s), Leader: leaderOf(s), Checkpoint: checkpointOf(s)}
 }
 
@@ -115,7 +116,7 @@ func pauseJSONOf(s checkpoint.RelayStatus, was string) pauseJSON {
 func awaitPaused(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags, was string, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
-		rows, err := checkpoint.ReadStatus(ctx, db, r.relayName, r.lease)
+		rows, err := operator.ReadStatus(ctx, db, r.relayName, r.lease)
 		if err != nil {
 			return err
 		}
@@ -152,7 +153,7 @@ func awaitPaused(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags,
 }
 
 func printResumed(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags, was string) error {
-	rows, err := checkpoint.ReadStatus(ctx, db, r.relayName, r.lease)
+	rows, err := operator.ReadStatus(ctx, db, r.relayName, r.lease)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -58,7 +60,7 @@ type readFlags struct {
 
 func declareRead(fs *flag.FlagSet, relayHelp, relayDefault string) *readFlags {
 	r := &readFlags{dbFlags: declareDB(fs, relayHelp, relayDefault, "print JSON for scripts instead of text for people")}
-	fs.DurationVar(&r.lease, "leader-lease", checkpoint.DefaultLeaderLease, "run's --leader-lease: a leader whose heartbeat is older is shown as not alive")
+	fs.DurationVar(&r.lease, "leader-lease", leadership.DefaultLeaderLease, "run's --leader-lease: a leader whose heartbeat is older is shown as not alive")
 	return r
 }
 
@@ -76,7 +78,7 @@ func (r *readFlags) open(ctx context.Context) (*sql.DB, error) {
 
 // unknownRelay makes a missing relay name bad usage (exit 2).
 func unknownRelay(err error) error {
-	if errors.Is(err, checkpoint.ErrUnknownRelay) {
+	if errors.Is(err, operator.ErrUnknownRelay) {
 		return &usageError{err}
 	}
 	return err
@@ -135,7 +137,7 @@ type pausedJSON struct {
 	LeaderStopped bool       `json:"leader_stopped"`
 }
 
-func pausedOf(s checkpoint.RelayStatus) *pausedJSON {
+func pausedOf(s operator.RelayStatus) *pausedJSON {
 	if s.Paused == nil {
 		return nil
 	}
@@ -148,7 +150,7 @@ type failedStatusJSON struct {
 	Seconds float64    `json:"seconds"`
 }
 
-func failedOf(s checkpoint.RelayStatus) *failedStatusJSON {
+func failedOf(s operator.RelayStatus) *failedStatusJSON {
 	if s.Failed == nil {
 		return nil
 	}
@@ -189,7 +191,7 @@ type brokerJSON struct {
 	ConfirmsStalled *failedStatusJSON `json:"confirms_stalled"`
 }
 
-func brokerOf(s checkpoint.RelayStatus) *brokerJSON {
+func brokerOf(s operator.RelayStatus) *brokerJSON {
 	if s.Broker == nil {
 		return nil
 	}
@@ -255,7 +257,7 @@ func timeOrNull(t time.Time) *time.Time {
 	return &t
 }
 
-func leaderOf(s checkpoint.RelayStatus) *leaderJSON {
+func leaderOf(s operator.RelayStatus) *leaderJSON {
 	if s.Leader == nil {
 		return nil
 	}
@@ -267,10 +269,10 @@ func leaderOf(s checkpoint.RelayStatus) *leaderJSON {
 // standby, and not the instance the progress row names as leader (a standby
 // that has just taken over, before its first beat as leader). Alive or not.
 // Never nil: JSON shows [] when there is none.
-func standbysOf(s checkpoint.RelayStatus, instances []checkpoint.InstanceState) []standbyJSON {
+func standbysOf(s operator.RelayStatus, instances []operator.InstanceState) []standbyJSON {
 	list := []standbyJSON{}
 	for _, in := range instances {
-		if in.RelayName != s.RelayName || in.Role != checkpoint.RoleStandby || s.Leader != nil && in.Instance == s.Leader.Instance {
+		if in.RelayName != s.RelayName || in.Role != leadership.RoleStandby || s.Leader != nil && in.Instance == s.Leader.Instance {
 			continue
 		}
 		list = append(list, standbyJSON{Instance: in.Instance, StartedAt: in.StartedAt,
@@ -279,7 +281,7 @@ func standbysOf(s checkpoint.RelayStatus, instances []checkpoint.InstanceState) 
 	return list
 }
 
-func checkpointOf(s checkpoint.RelayStatus) checkpointJSON {
+func checkpointOf(s operator.RelayStatus) checkpointJSON {
 	c := checkpointJSON{Flavor: orNull(s.Position.Flavor), GTIDSet: orNull(s.Position.GTIDSet), BinlogFile: orNull(s.Position.File)}
 	if s.Position.File != "" {
 		p := s.Position.Pos
@@ -292,15 +294,15 @@ func checkpointOf(s checkpoint.RelayStatus) checkpointJSON {
 // retention headroom. The headroom is best effort: a server without binlogs, without
 // expiry, or a position it cannot place gives null, not a failure.
 func readStatus(ctx context.Context, db *sql.DB, r *readFlags) ([]statusJSON, error) {
-	rows, err := checkpoint.ReadStatus(ctx, db, r.relayName, r.lease)
+	rows, err := operator.ReadStatus(ctx, db, r.relayName, r.lease)
 	if err != nil {
 		return nil, err
 	}
-	instances, err := checkpoint.ReadInstances(ctx, db, r.relayName, r.lease)
+	instances, err := operator.ReadInstances(ctx, db, r.relayName, r.lease)
 	if err != nil {
 		return nil, err
 	}
-	backlog, err := checkpoint.ReadBacklog(ctx, db, r.table, r.onDelivered)
+	backlog, err := operator.ReadBacklog(ctx, db, r.table, r.onDelivered)
 	if err != nil {
 		return nil, err
 	}

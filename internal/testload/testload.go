@@ -1,8 +1,3 @@
-// Package testload writes outbox workloads for integration tests: several
-// concurrent producers, each owning a set of partitions, committing a mix of
-// one-row and large transactions, and telling a validator.Validator what they
-// committed, in commit order per partition. It is shared by the in-process
-// relay tests and the tests that run the outbox-relay binary.
 package testload
 
 import (

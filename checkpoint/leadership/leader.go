@@ -1,4 +1,4 @@
-package checkpoint
+package leadership
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 )
 
 // ErrHeld means another relay instance of the same name holds leadership;
@@ -67,7 +69,7 @@ func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 // unnoticed is fenced anyway: the next leader bumps the epoch before it
 // publishes, and this leader's next heartbeat then changes no row.
 type Leader struct {
-	store    *Store
+	el       *Elector
 	conn     *sql.Conn // holds the lock; waits in DO SLEEP while leading
 	beatConn *sql.Conn // runs the heartbeat
 	connID   int64
@@ -90,11 +92,11 @@ type Leader struct {
 	statusChanged chan struct{} // closed when paused next changes
 }
 
-func (s *Store) lockName() string { return "outbox-relay:" + s.cfg.RelayName }
+func (s *Elector) lockName() string { return checkpoint.LockName(s.cfg.RelayName) }
 
 // Led reports whether a session holds the relay name's leadership lock: a
 // leader runs (false also when the question could not be asked).
-func (s *Store) Led(ctx context.Context) bool {
+func (s *Elector) Led(ctx context.Context) bool {
 	var id sql.NullInt64
 	err := s.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", s.lockName()).Scan(&id)
 	return err == nil && id.Valid
@@ -112,7 +114,7 @@ func (s *Store) Led(ctx context.Context) bool {
 // waits, logging it once, until the heartbeat is LeaderLease old. The wait
 // ends early, with an error and leadership given up, when ctx ends or the
 // new leadership is lost.
-func (s *Store) Acquire(ctx context.Context) (*Leader, error) { return s.AcquireWithin(ctx, 0) }
+func (s *Elector) Acquire(ctx context.Context) (*Leader, error) { return s.AcquireWithin(ctx, 0) }
 
 // AcquireWithin is Acquire that, while another instance holds leadership,
 // waits for its lock to be free (a leader that releases, dies or loses its
@@ -121,15 +123,15 @@ func (s *Store) Acquire(ctx context.Context) (*Leader, error) { return s.Acquire
 // (so a stopped leader is taken over just after its lease, on the next
 // call). A standby looking again and again this way sends one statement
 // per look.
-func (s *Store) AcquireWithin(ctx context.Context, wait time.Duration) (*Leader, error) {
+func (s *Elector) AcquireWithin(ctx context.Context, wait time.Duration) (*Leader, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("open leadership connection: %w", err)
 	}
-	l := &Leader{store: s, conn: conn, lost: make(chan struct{}), done: make(chan struct{}), statusChanged: make(chan struct{})}
+	l := &Leader{el: s, conn: conn, lost: make(chan struct{}), done: make(chan struct{}), statusChanged: make(chan struct{})}
 	err = l.lock(ctx, wait)
 	if errors.Is(err, errNoRow) {
-		if err = s.ensureRow(ctx); err == nil {
+		if err = checkpoint.EnsureRow(ctx, s.db, s.cfg.RelayName); err == nil {
 			err = l.lock(ctx, wait)
 		}
 	}
@@ -196,10 +198,10 @@ type previousLeader struct {
 
 // previous reads the previous leader with the lock held: its lock
 // connection is gone, so its heartbeat can no longer move. A leader that
-// released leadership (leader_instance NULL), or whose term this store
+// released leadership (leader_instance NULL), or whose term this elector
 // released (its epoch), has stopped publishing: no wait.
 func (l *Leader) previous(ctx context.Context) (previousLeader, error) {
-	s := l.store
+	s := l.el
 	var (
 		leader sql.NullString
 		epoch  int64
@@ -228,7 +230,7 @@ func (l *Leader) previous(ctx context.Context) (previousLeader, error) {
 // so never short). It returns early with an error when ctx ends or this
 // leadership is lost.
 func (l *Leader) waitOut(ctx context.Context, p previousLeader) error {
-	s := l.store
+	s := l.el
 	until := time.Now().Add(p.wait)
 	l.takeover = fmt.Sprintf("took over from %s after waiting out its lease: its lock was free with its heartbeat %v old (lease %v)",
 		p.instance, p.age.Round(time.Millisecond), s.cfg.LeaderLease)
@@ -249,25 +251,9 @@ func (l *Leader) waitOut(ctx context.Context, p previousLeader) error {
 	}
 }
 
-// ensureRow creates the progress row if it is missing. A plain read
-// first: INSERT IGNORE of an existing row waits for a lock on it, which a
-// stopped leader's transaction may hold for as long as it is stopped.
-func (s *Store) ensureRow(ctx context.Context) error {
-	var one int
-	err := s.db.QueryRowContext(ctx, "SELECT 1 FROM outbox_relay_progress WHERE relay_name = ?", s.cfg.RelayName).Scan(&one)
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("read progress row for relay %q: %w", s.cfg.RelayName, err)
-	}
-	_, err = s.Load(ctx)
-	return err
-}
-
 // validity is how long after the start of a successful heartbeat a leader
 // may go on: the lease less a tenth for the rates of two clocks.
-func (s *Store) validity() time.Duration { return s.cfg.LeaderLease - s.cfg.LeaderLease/10 }
+func (s *Elector) validity() time.Duration { return s.cfg.LeaderLease - s.cfg.LeaderLease/10 }
 
 // errNoRow is lock's error when the relay has no progress row yet.
 var errNoRow = errors.New("no progress row")
@@ -278,7 +264,7 @@ var errNoRow = errors.New("no progress row")
 // would end without a further heartbeat: one statement reads the leader's
 // row, and tries (or waits for) the lock for that long.
 func (l *Leader) lock(ctx context.Context, wait time.Duration) error {
-	s := l.store
+	s := l.el
 	var (
 		got    sql.NullInt64
 		holder sql.NullInt64
@@ -350,7 +336,7 @@ func (l *Leader) killBlockers(ctx context.Context) func() {
 				return
 			case <-t.C:
 			}
-			rows, err := l.store.db.QueryContext(ctx, `SELECT DISTINCT b.trx_mysql_thread_id
+			rows, err := l.el.db.QueryContext(ctx, `SELECT DISTINCT b.trx_mysql_thread_id
 				FROM information_schema.INNODB_LOCK_WAITS w
 				JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id
 				JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id
@@ -367,7 +353,7 @@ func (l *Leader) killBlockers(ctx context.Context) func() {
 			}
 			rows.Close()
 			for _, id := range ids {
-				_, _ = l.store.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id))
+				_, _ = l.el.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id))
 			}
 		}
 	}()
@@ -379,14 +365,14 @@ func (l *Leader) killBlockers(ctx context.Context) func() {
 
 func (l *Leader) getLock(ctx context.Context, waitSeconds int) (bool, error) {
 	var got sql.NullInt64
-	if err := l.conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", l.store.lockName(), waitSeconds).Scan(&got); err != nil {
-		return false, fmt.Errorf("take lock %q: %w", l.store.lockName(), err)
+	if err := l.conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", l.el.lockName(), waitSeconds).Scan(&got); err != nil {
+		return false, fmt.Errorf("take lock %q: %w", l.el.lockName(), err)
 	}
 	return got.Valid && got.Int64 == 1, nil
 }
 
 func (l *Leader) bumpEpoch(ctx context.Context) error {
-	s := l.store
+	s := l.el
 	if _, err := l.conn.ExecContext(ctx, `UPDATE outbox_relay_progress SET epoch = epoch + 1,
 		leader_instance = ?, leader_since = NOW(6), leader_heartbeat = NOW(6) WHERE relay_name = ?`,
 		s.cfg.Instance, s.cfg.RelayName); err != nil {
@@ -397,7 +383,7 @@ func (l *Leader) bumpEpoch(ctx context.Context) error {
 		s.cfg.RelayName).Scan(&l.epoch, &status); err != nil {
 		return fmt.Errorf("read leader epoch of relay %q: %w", s.cfg.RelayName, err)
 	}
-	l.paused = status == StatusPaused
+	l.paused = status == checkpoint.StatusPaused
 	l.status = status
 	return nil
 }
@@ -488,7 +474,7 @@ func (l *Leader) renew(sent time.Time) {
 	if l.err != nil {
 		return
 	}
-	l.validUntil = sent.Add(l.store.validity())
+	l.validUntil = sent.Add(l.el.validity())
 	l.expiry.Reset(time.Until(l.validUntil))
 }
 
@@ -501,7 +487,7 @@ const lockWaitStatement = "DO SLEEP"
 // ends leadership. A KILL QUERY of the wait (Wake, from `pause` and
 // `resume`) makes the heartbeat beat at once.
 func (l *Leader) watch() {
-	s := l.store
+	s := l.el
 	wait := s.cfg.LockWatch
 	for {
 		start := time.Now()
@@ -529,7 +515,7 @@ func (l *Leader) watch() {
 // heartbeat renews the lease every HeartbeatInterval, and at once after a
 // wake, with beat.
 func (l *Leader) heartbeat() {
-	s := l.store
+	s := l.el
 	iv := s.cfg.HeartbeatInterval
 	stmt, err := l.beatConn.PrepareContext(l.stopCtx, `UPDATE outbox_relay_progress SET leader_heartbeat = NOW(6)
 		WHERE relay_name = ? AND epoch = ? AND status = ?`)
@@ -569,7 +555,7 @@ func (l *Leader) heartbeat() {
 // statement changes no row it reads the progress row: a newer epoch is
 // ErrFenced; a changed status is taken (Paused) and the beat repeated.
 func (l *Leader) beat(stmt *sql.Stmt) error {
-	s := l.store
+	s := l.el
 	iv := s.cfg.HeartbeatInterval
 	for range 3 {
 		sent := time.Now()
@@ -586,10 +572,10 @@ func (l *Leader) beat(stmt *sql.Stmt) error {
 				s.cfg.RelayName).Scan(&epoch, &status)
 			if err == nil && epoch != l.epoch {
 				cancel()
-				return ErrFenced
+				return checkpoint.ErrFenced
 			}
 			l.status = status
-			l.setPaused(status == StatusPaused)
+			l.setPaused(status == checkpoint.StatusPaused)
 		}
 		cancel()
 		switch {
@@ -625,14 +611,14 @@ func isInterrupted(err error) bool {
 // one's lease, releases the lock and closes the lock connection. Safe to
 // call more than once. If the database cannot be reached, the row keeps the
 // leader's name and `status` shows its heartbeat ageing past the lease; a
-// later Acquire of the same Store still knows the term is over.
+// later Acquire of the same Elector still knows the term is over.
 func (l *Leader) Release(ctx context.Context) error {
 	var err error
 	l.stopOnce.Do(func() {
 		l.stopHeartbeat(ctx)
-		l.store.mu.Lock()
-		l.store.released = l.epoch
-		l.store.mu.Unlock()
+		l.el.mu.Lock()
+		l.el.released = l.epoch
+		l.el.mu.Unlock()
 		if e := l.clearLeader(ctx); e != nil {
 			err = e
 		}
@@ -660,7 +646,7 @@ func (l *Leader) stopHeartbeat(ctx context.Context) {
 	// the lock can be released at once; if that fails, cancelling
 	// closes the connection, which releases it too.
 	kctx, cancel := context.WithTimeout(ctx, time.Second)
-	_, _ = l.store.db.ExecContext(kctx, fmt.Sprintf("KILL QUERY %d", l.connID))
+	_, _ = l.el.db.ExecContext(kctx, fmt.Sprintf("KILL QUERY %d", l.connID))
 	cancel()
 	l.stop()
 	<-l.done
@@ -673,7 +659,7 @@ func (l *Leader) stopHeartbeat(ctx context.Context) {
 // statement ends: unlock then kills the connection and waits until the
 // server has let go of the lock, so the next leader can take it at once.
 func (l *Leader) unlock(ctx context.Context) error {
-	name := l.store.lockName()
+	name := l.el.lockName()
 	_, err := l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", name)
 	l.conn.Close()
 	switch {
@@ -682,12 +668,12 @@ func (l *Leader) unlock(ctx context.Context) error {
 	case !connGone(err):
 		return fmt.Errorf("release lock %q: %w", name, err)
 	}
-	if _, err := l.store.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", l.connID)); err != nil && !isUnknownThread(err) {
+	if _, err := l.el.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", l.connID)); err != nil && !isUnknownThread(err) {
 		return fmt.Errorf("release lock %q: end the closed lock connection %d: %w", name, l.connID, err)
 	}
 	for {
 		var holder sql.NullInt64
-		if err := l.store.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", name).Scan(&holder); err != nil {
+		if err := l.el.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", name).Scan(&holder); err != nil {
 			return fmt.Errorf("release lock %q: see whether the server let go of it: %w", name, err)
 		}
 		if !holder.Valid || holder.Int64 != l.connID {
@@ -706,9 +692,9 @@ func (l *Leader) unlock(ctx context.Context) error {
 // closed that one); the epoch fences it: if another process became leader
 // since, the row is theirs and nothing changes.
 func (l *Leader) clearLeader(ctx context.Context) error {
-	if _, err := l.store.db.ExecContext(ctx, "UPDATE outbox_relay_progress SET leader_instance = NULL WHERE relay_name = ? AND epoch = ?",
-		l.store.cfg.RelayName, l.epoch); err != nil {
-		return fmt.Errorf("clear leader of relay %q: %w", l.store.cfg.RelayName, err)
+	if _, err := l.el.db.ExecContext(ctx, "UPDATE outbox_relay_progress SET leader_instance = NULL WHERE relay_name = ? AND epoch = ?",
+		l.el.cfg.RelayName, l.epoch); err != nil {
+		return fmt.Errorf("clear leader of relay %q: %w", l.el.cfg.RelayName, err)
 	}
 	return nil
 }

@@ -1,10 +1,11 @@
-package checkpoint_test
+package leadership_test
 
 import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -15,34 +16,34 @@ import (
 func TestBeatInstance(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	store := func(relay, instance string) *checkpoint.Store {
-		s, err := checkpoint.New(db, checkpoint.Config{RelayName: relay, Instance: instance})
+	elector := func(relay, instance string) *leadership.Elector {
+		s, err := leadership.New(db, leadership.Config{RelayName: relay, Instance: instance})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
-	a, b := store("r1", "host-a:1"), store("r1", "host-b:2")
+	a, b := elector("r1", "host-a:1"), elector("r1", "host-b:2")
 	exec := func(q string, args ...any) {
 		t.Helper()
 		if _, err := db.ExecContext(ctx, q, args...); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	read := func(relay string) map[string]checkpoint.InstanceState {
+	read := func(relay string) map[string]operator.InstanceState {
 		t.Helper()
-		list, err := checkpoint.ReadInstances(ctx, db, relay, 10*time.Second)
+		list, err := operator.ReadInstances(ctx, db, relay, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := map[string]checkpoint.InstanceState{}
+		m := map[string]operator.InstanceState{}
 		for _, i := range list {
 			m[i.RelayName+"/"+i.Instance] = i
 		}
 		return m
 	}
 
-	if err := a.BeatInstance(ctx, checkpoint.RoleStandby); err != nil {
+	if err := a.BeatInstance(ctx, leadership.RoleStandby); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.BeatInstance(ctx, "follower"); err == nil {
@@ -53,11 +54,11 @@ func TestBeatInstance(t *testing.T) {
 	if got := read("r1")["r1/host-a:1"]; got.Alive || got.HeartbeatAgeSeconds < 30 {
 		t.Fatalf("a row 30 s without a beat, lease 10 s: %+v, want not alive", got)
 	}
-	if err := a.BeatInstance(ctx, checkpoint.RoleLeader); err != nil {
+	if err := a.BeatInstance(ctx, leadership.RoleLeader); err != nil {
 		t.Fatal(err)
 	}
 	got := read("r1")["r1/host-a:1"]
-	if got.Role != checkpoint.RoleLeader || !got.Alive || got.HeartbeatAgeSeconds > 5 ||
+	if got.Role != leadership.RoleLeader || !got.Alive || got.HeartbeatAgeSeconds > 5 ||
 		time.Since(got.StartedAt) < 9*time.Minute || time.Since(got.StartedAt) > 11*time.Minute {
 		t.Fatalf("after a second beat: %+v, want role leader, alive, started_at 10 minutes ago", got)
 	}
@@ -68,7 +69,7 @@ func TestBeatInstance(t *testing.T) {
 		('r1', 'dead:1', 'standby', UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 61 MINUTE),
 		('r1', 'quiet:2', 'standby', UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 59 MINUTE),
 		('r2', 'dead:3', 'standby', UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 61 MINUTE)`)
-	if err := b.BeatInstance(ctx, checkpoint.RoleStandby); err != nil {
+	if err := b.BeatInstance(ctx, leadership.RoleStandby); err != nil {
 		t.Fatal(err)
 	}
 	all := read("")

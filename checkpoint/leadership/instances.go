@@ -1,8 +1,7 @@
-package checkpoint
+package leadership
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 )
@@ -26,18 +25,18 @@ const InstanceRetention = time.Hour
 // is UTC_TIMESTAMP(6). In the same call it deletes the relay name's rows
 // whose heartbeat is older than InstanceRetention, processes that died long
 // ago (its own row is fresh by then), at most once per pruneEvery of this
-// Store, so that a standby's look costs one statement here.
+// Elector, so that a standby's look costs one statement here.
 //
 // Only a standby beats on every look for leadership; a leader beats once
 // when its term starts, as its liveness is leader_heartbeat in the progress
 // row. So the row of a leader whose term lasts longer than
-// InstanceRetention may be deleted by a standby's beat; ReadInstances'
+// InstanceRetention may be deleted by a standby's beat; operator.ReadInstances'
 // callers judge the leader by the progress row, not by this table.
 //
 // It touches no other table (a stopped leader's transaction may hold the
 // progress row for as long as it is stopped) and the relay treats a
 // failure as harmless: the table is for operators only.
-func (s *Store) BeatInstance(ctx context.Context, role string) error {
+func (s *Elector) BeatInstance(ctx context.Context, role string) error {
 	switch role {
 	case RoleLeader, RoleStandby:
 	default:
@@ -74,65 +73,10 @@ const pruneEvery = InstanceRetention / 10
 // RemoveInstance deletes this process's row of outbox_relay_instances: a
 // clean stop, after which `status` no longer lists it. Deleting a row that
 // is not there is no error.
-func (s *Store) RemoveInstance(ctx context.Context) error {
+func (s *Elector) RemoveInstance(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, "DELETE FROM outbox_relay_instances WHERE relay_name = ? AND instance = ?",
 		s.cfg.RelayName, s.cfg.Instance); err != nil {
 		return fmt.Errorf("remove instance %q of relay %q: %w", s.cfg.Instance, s.cfg.RelayName, err)
 	}
 	return nil
-}
-
-// InstanceState is one row of outbox_relay_instances as operators see it.
-type InstanceState struct {
-	RelayName string
-	Instance  string    // host:pid unless the relay was given another name
-	Role      string    // RoleLeader or RoleStandby: what it was at its last beat
-	StartedAt time.Time // its first beat (UTC)
-	// HeartbeatAgeSeconds is how old its last beat is, by the server's
-	// clock; never negative.
-	HeartbeatAgeSeconds float64
-	// Alive: the heartbeat is within the lease. A standby beats at least
-	// every 4/5 of the lease, so one that is not alive has died or hangs. (A
-	// leader's row is written once per term: judge a leader by the progress
-	// row instead.)
-	Alive bool
-}
-
-// ReadInstances reads the rows of outbox_relay_instances: every relay
-// name's when relayName is "", else that one's (none is no error), ordered
-// by relay name, start and instance. lease is the relays' --leader-lease,
-// against which Alive is judged. Ages are computed by the server against
-// UTC_TIMESTAMP(6), as ReadStatus does. It changes nothing.
-func ReadInstances(ctx context.Context, db *sql.DB, relayName string, lease time.Duration) ([]InstanceState, error) {
-	q := `SELECT relay_name, instance, role, started_at, TIMESTAMPDIFF(MICROSECOND, heartbeat, UTC_TIMESTAMP(6))
-		FROM outbox_relay_instances`
-	var args []any
-	if relayName != "" {
-		q += " WHERE relay_name = ?"
-		args = append(args, relayName)
-	}
-	rows, err := db.QueryContext(ctx, q+" ORDER BY relay_name, started_at, instance", args...)
-	if err != nil {
-		return nil, fmt.Errorf("read relay instances: %w", err)
-	}
-	defer rows.Close()
-	var list []InstanceState
-	for rows.Next() {
-		var (
-			i       InstanceState
-			started sql.NullString
-			ageUS   sql.NullInt64
-		)
-		if err := rows.Scan(&i.RelayName, &i.Instance, &i.Role, &started, &ageUS); err != nil {
-			return nil, fmt.Errorf("read relay instances: %w", err)
-		}
-		i.StartedAt = parseTime(started)
-		i.HeartbeatAgeSeconds = max(float64(ageUS.Int64)/1e6, 0)
-		i.Alive = ageUS.Valid && i.HeartbeatAgeSeconds <= lease.Seconds()
-		list = append(list, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read relay instances: %w", err)
-	}
-	return list, nil
 }

@@ -1,42 +1,14 @@
-package checkpoint_test
+package leadership_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
-
-// SetMode writes why the relay is in its mode to mode_reason; last_error
-// keeps holding only errors.
-func TestSetModeWritesModeReason(t *testing.T) {
-	ctx := testenv.Context(t, time.Minute)
-	db := leaderDB(ctx, t)
-	store, err := checkpoint.New(db, checkpoint.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader, err := store.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer leader.Release(context.WithoutCancel(ctx))
-	if err := store.RecordError(ctx, leader.Epoch(), "connection refused"); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.SetMode(ctx, leader.Epoch(), "poll", "binlog unavailable"); err != nil {
-		t.Fatal(err)
-	}
-	p, err := store.Load(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.Mode != "poll" || p.ModeReason != "binlog unavailable" || p.LastError != "connection refused" {
-		t.Fatalf("mode %q, mode_reason %q, last_error %q; want poll, the reason, the error", p.Mode, p.ModeReason, p.LastError)
-	}
-}
 
 // A clean Release leaves no leader in the row (leader_instance NULL), with
 // the epoch unchanged and leader_since and leader_heartbeat kept as
@@ -44,15 +16,19 @@ func TestSetModeWritesModeReason(t *testing.T) {
 func TestReleaseClearsLeaderInstance(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	store, err := checkpoint.New(db, checkpoint.Config{Instance: "host-a:1"})
+	el, err := leadership.New(db, leadership.Config{Instance: "host-a:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	leader, err := store.Acquire(ctx)
+	store, err := checkpoint.New(db, checkpoint.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := checkpoint.ReadStatus(ctx, db, "default", 10*time.Second)
+	leader, err := el.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := operator.ReadStatus(ctx, db, "default", 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +45,7 @@ func TestReleaseClearsLeaderInstance(t *testing.T) {
 	if p.LeaderInstance != "" || p.Epoch != leader.Epoch() || p.LeaderSince.IsZero() || p.LeaderHeartbeat.IsZero() {
 		t.Fatalf("after release: leader %q epoch %d (was %d) since %v heartbeat %v", p.LeaderInstance, p.Epoch, leader.Epoch(), p.LeaderSince, p.LeaderHeartbeat)
 	}
-	rows, err = checkpoint.ReadStatus(ctx, db, "default", 10*time.Second)
+	rows, err = operator.ReadStatus(ctx, db, "default", 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

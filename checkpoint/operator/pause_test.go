@@ -1,4 +1,4 @@
-package checkpoint_test
+package operator_test
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
+	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -17,14 +19,18 @@ import (
 func TestLeaderSeesPauseWhenWoken(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	store, err := checkpoint.New(db, checkpoint.Config{HeartbeatInterval: time.Minute})
+	el, err := leadership.New(db, leadership.Config{HeartbeatInterval: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := checkpoint.Resume(ctx, db, "default"); !errors.Is(err, checkpoint.ErrUnknownRelay) {
+	store, err := checkpoint.New(db, checkpoint.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := operator.Resume(ctx, db, "default"); !errors.Is(err, operator.ErrUnknownRelay) {
 		t.Fatalf("Resume of a relay without a row: %v, want ErrUnknownRelay", err)
 	}
-	leader, err := store.Acquire(ctx)
+	leader, err := el.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,10 +40,10 @@ func TestLeaderSeesPauseWhenWoken(t *testing.T) {
 		t.Fatal("a new leader of an ACTIVE relay is paused")
 	}
 
-	if was, err := checkpoint.Pause(ctx, db, "default"); err != nil || was != checkpoint.StatusActive {
+	if was, err := operator.Pause(ctx, db, "default"); err != nil || was != checkpoint.StatusActive {
 		t.Fatalf("Pause: %q, %v", was, err)
 	}
-	if woke, err := checkpoint.Wake(ctx, db, "default"); err != nil || !woke {
+	if woke, err := operator.Wake(ctx, db, "default"); err != nil || !woke {
 		t.Fatalf("Wake: %v, %v", woke, err)
 	}
 	waitChanged(ctx, t, changed, "the pause")
@@ -57,17 +63,17 @@ func TestLeaderSeesPauseWhenWoken(t *testing.T) {
 	}
 	// A second pause keeps the first one's time and the stopped leader.
 	since := s.Paused.Since
-	if was, err := checkpoint.Pause(ctx, db, "default"); err != nil || was != checkpoint.StatusPaused {
+	if was, err := operator.Pause(ctx, db, "default"); err != nil || was != checkpoint.StatusPaused {
 		t.Fatalf("second Pause: %q, %v", was, err)
 	}
 	if s := readOne(ctx, t, db); !s.Paused.Since.Equal(since) || !s.Paused.Stopped {
 		t.Fatalf("a second pause changed the pause: %+v, was since %v", s.Paused, since)
 	}
 
-	if was, err := checkpoint.Resume(ctx, db, "default"); err != nil || was != checkpoint.StatusPaused {
+	if was, err := operator.Resume(ctx, db, "default"); err != nil || was != checkpoint.StatusPaused {
 		t.Fatalf("Resume: %q, %v", was, err)
 	}
-	if _, err := checkpoint.Wake(ctx, db, "default"); err != nil {
+	if _, err := operator.Wake(ctx, db, "default"); err != nil {
 		t.Fatal(err)
 	}
 	waitChanged(ctx, t, changed, "the resume")
@@ -95,11 +101,11 @@ func TestLeaderSurvivesWakeStorm(t *testing.T) {
 	// loop tends to land on the beat's own statements whatever the
 	// interval; a short one would only add timeouts of a loaded machine
 	// (the wait is bounded by twice the interval).
-	store, err := checkpoint.New(db, checkpoint.Config{HeartbeatInterval: time.Second, LeaderLease: 5 * time.Second})
+	el, err := leadership.New(db, leadership.Config{HeartbeatInterval: time.Second, LeaderLease: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	leader, err := store.Acquire(ctx)
+	leader, err := el.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +114,7 @@ func TestLeaderSurvivesWakeStorm(t *testing.T) {
 	// one started, without the storm itself stalling a loaded server.
 	for i := range 1000 {
 		time.Sleep(time.Millisecond)
-		if _, err := checkpoint.Wake(ctx, db, "default"); err != nil {
+		if _, err := operator.Wake(ctx, db, "default"); err != nil {
 			t.Fatalf("wake %d: %v", i, err)
 		}
 		if err := leader.Err(); err != nil {
@@ -138,9 +144,9 @@ func waitChanged(ctx context.Context, t *testing.T, changed <-chan struct{}, wha
 	}
 }
 
-func readOne(ctx context.Context, t *testing.T, db *sql.DB) checkpoint.RelayStatus {
+func readOne(ctx context.Context, t *testing.T, db *sql.DB) operator.RelayStatus {
 	t.Helper()
-	list, err := checkpoint.ReadStatus(ctx, db, "default", 10*time.Second)
+	list, err := operator.ReadStatus(ctx, db, "default", 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,20 +159,20 @@ func readOne(ctx context.Context, t *testing.T, db *sql.DB) checkpoint.RelayStat
 func TestWakeRightAfterAcquireIsSeen(t *testing.T) {
 	ctx := testenv.Context(t, 2*time.Minute)
 	db := leaderDB(ctx, t)
-	store, err := checkpoint.New(db, checkpoint.Config{HeartbeatInterval: time.Minute})
+	el, err := leadership.New(db, leadership.Config{HeartbeatInterval: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 20 {
-		leader, err := store.Acquire(ctx)
+		leader, err := el.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, changed := leader.Paused()
-		if _, err := checkpoint.Pause(ctx, db, "default"); err != nil {
+		if _, err := operator.Pause(ctx, db, "default"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := checkpoint.Wake(ctx, db, "default"); err != nil {
+		if _, err := operator.Wake(ctx, db, "default"); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -174,7 +180,7 @@ func TestWakeRightAfterAcquireIsSeen(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("term %d: the leader did not see the pause within 5 s (err %v)", i+1, leader.Err())
 		}
-		if _, err := checkpoint.Resume(ctx, db, "default"); err != nil {
+		if _, err := operator.Resume(ctx, db, "default"); err != nil {
 			t.Fatal(err)
 		}
 		if err := leader.Release(ctx); err != nil {

@@ -1,18 +1,29 @@
-package checkpoint_test
+package leadership_test
 
 import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+func mustExec(ctx context.Context, t *testing.T, db *sql.DB, q string) {
+	t.Helper()
+	if _, err := db.ExecContext(ctx, q); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
 
 // leaderDB is a migrated database and a pool on it that parses times, as the
 // relay's does.
@@ -41,11 +52,11 @@ func TestLeaderNoticesLostLockConnectionAtOnce(t *testing.T) {
 	db := leaderDB(ctx, t)
 	// A heartbeat a minute apart: noticing the loss within the bounded
 	// wait below can only come from watching the connection.
-	store, err := checkpoint.New(db, checkpoint.Config{HeartbeatInterval: time.Minute})
+	el, err := leadership.New(db, leadership.Config{HeartbeatInterval: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	leader, err := store.Acquire(ctx)
+	leader, err := el.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,12 +89,12 @@ func TestLeaderNoticesLostLockConnectionAtOnce(t *testing.T) {
 func TestAcquireTakesOverStaleLeader(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 2 * time.Second, Instance: "new"}
-	store, err := checkpoint.New(db, cfg)
+	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 2 * time.Second, Instance: "new"}
+	el, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Load(ctx); err != nil {
+	if err := checkpoint.EnsureRow(ctx, db, "default"); err != nil {
 		t.Fatal(err)
 	}
 	// The stale leader: the lock on its own connection, its epoch and a
@@ -103,8 +114,8 @@ func TestAcquireTakesOverStaleLeader(t *testing.T) {
 	if err := db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress").Scan(&staleEpoch); err != nil {
 		t.Fatal(err)
 	}
-	_, err = store.Acquire(ctx)
-	var held *checkpoint.HeldError
+	_, err = el.Acquire(ctx)
+	var held *leadership.HeldError
 	if !errors.As(err, &held) || held.Leader != "stale" {
 		t.Fatalf("Acquire with a fresh leader: %v, want a HeldError naming it", err)
 	}
@@ -120,7 +131,7 @@ func TestAcquireTakesOverStaleLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	actx, cancel := context.WithTimeout(ctx, 20*time.Second) // far below innodb_lock_wait_timeout
-	leader, err := store.Acquire(actx)
+	leader, err := el.Acquire(actx)
 	cancel()
 	if err != nil {
 		t.Fatalf("take over a stale leader: %v", err)
@@ -143,12 +154,12 @@ func TestAcquireTakesOverStaleLeader(t *testing.T) {
 // A lease shorter than three heartbeats is refused: the leader would lose
 // it between two heartbeats. Unset, it is 10 s, or 5 heartbeats if longer.
 func TestConfigLeaderLease(t *testing.T) {
-	bad := checkpoint.Config{HeartbeatInterval: time.Second, LeaderLease: 2 * time.Second}
+	bad := leadership.Config{HeartbeatInterval: time.Second, LeaderLease: 2 * time.Second}
 	if err := bad.Validate(); err == nil {
 		t.Error("a 2 s lease with a 1 s heartbeat was accepted")
 	}
 	for _, c := range []struct{ hb, want time.Duration }{{0, 10 * time.Second}, {time.Minute, 5 * time.Minute}} {
-		cfg := checkpoint.Config{HeartbeatInterval: c.hb}
+		cfg := leadership.Config{HeartbeatInterval: c.hb}
 		cfg.SetDefaults()
 		if err := cfg.Validate(); err != nil || cfg.LeaderLease != c.want {
 			t.Errorf("heartbeat %v: lease %v, %v; want %v", c.hb, cfg.LeaderLease, err, c.want)
@@ -160,9 +171,9 @@ func TestConfigLeaderLease(t *testing.T) {
 // connection alone has ended (a proxy's idle timeout, a KILL) while its
 // heartbeat is fresh: the lock is free, leader_instance names it. It returns
 // its epoch and its stored heartbeat as the server's text.
-func freeLockOf(ctx context.Context, t *testing.T, db *sql.DB, store *checkpoint.Store, instance string) (int64, string) {
+func freeLockOf(ctx context.Context, t *testing.T, db *sql.DB, instance string) (int64, string) {
 	t.Helper()
-	if _, err := store.Load(ctx); err != nil {
+	if err := checkpoint.EnsureRow(ctx, db, "default"); err != nil {
 		t.Fatal(err)
 	}
 	mustExec(ctx, t, db, `UPDATE outbox_relay_progress SET epoch = epoch + 1, leader_instance = '`+instance+`',
@@ -207,14 +218,14 @@ func waitEpoch(ctx context.Context, t *testing.T, db *sql.DB, want int64) {
 }
 
 type acquired struct {
-	leader *checkpoint.Leader
+	leader *leadership.Leader
 	err    error
 }
 
-func acquireAsync(ctx context.Context, store *checkpoint.Store) <-chan acquired {
+func acquireAsync(ctx context.Context, el *leadership.Elector) <-chan acquired {
 	ch := make(chan acquired, 1)
 	go func() {
-		l, err := store.Acquire(ctx)
+		l, err := el.Acquire(ctx)
 		ch <- acquired{l, err}
 	}()
 	return ch
@@ -229,22 +240,22 @@ func acquireAsync(ctx context.Context, store *checkpoint.Store) <-chan acquired 
 func TestAcquireWaitsOutTheLeaseOfAFreeLock(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 3 * time.Second, Instance: "new"}
-	store, err := checkpoint.New(db, cfg)
+	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 3 * time.Second, Instance: "new"}
+	el, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldEpoch, hb := freeLockOf(ctx, t, db, store, "old")
+	oldEpoch, hb := freeLockOf(ctx, t, db, "old")
 
-	res := acquireAsync(ctx, store)
+	res := acquireAsync(ctx, el)
 	waitEpoch(ctx, t, db, oldEpoch+1)
 	other := cfg
 	other.Instance = "other"
-	otherStore, err := checkpoint.New(db, other)
+	otherEl, err := leadership.New(db, other)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := otherStore.Acquire(ctx); !errors.Is(err, checkpoint.ErrHeld) {
+	if _, err := otherEl.Acquire(ctx); !errors.Is(err, leadership.ErrHeld) {
 		t.Errorf("another standby's Acquire while the new leader waits: %v, want ErrHeld", err)
 	}
 	var r acquired
@@ -271,14 +282,14 @@ func TestAcquireWaitsOutTheLeaseOfAFreeLock(t *testing.T) {
 func TestAcquireWaitEndsWithTheContext(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "new"}
-	store, err := checkpoint.New(db, cfg)
+	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "new"}
+	el, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldEpoch, _ := freeLockOf(ctx, t, db, store, "old")
+	oldEpoch, _ := freeLockOf(ctx, t, db, "old")
 	actx, cancel := context.WithCancel(ctx)
-	res := acquireAsync(actx, store)
+	res := acquireAsync(actx, el)
 	waitEpoch(ctx, t, db, oldEpoch+1)
 	cancel()
 	r := <-res
@@ -299,24 +310,24 @@ func TestAcquireWaitEndsWithTheContext(t *testing.T) {
 }
 
 // A leader that released leadership has stopped publishing: the next one
-// leads at once, without waiting out its lease; so does the same store
+// leads at once, without waiting out its lease; so does the same el
 // after its own released term even when the row still names it (Release
 // could not clear it).
 func TestAcquireAfterReleaseDoesNotWait(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	cfg := checkpoint.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "a"}
-	a, err := checkpoint.New(db, cfg)
+	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "a"}
+	a, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Instance = "b"
-	b, err := checkpoint.New(db, cfg)
+	b, err := leadership.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, step := range []struct {
-		first, next *checkpoint.Store
+		first, next *leadership.Elector
 		unclear     bool
 	}{{a, b, false}, {a, a, true}} {
 		l, err := step.first.Acquire(ctx)

@@ -1,4 +1,4 @@
-package checkpoint
+package operator
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/position"
 )
@@ -35,6 +36,24 @@ type RelayStatus struct {
 	LastError   string
 	LastEventAt time.Time
 	UpdatedAt   time.Time
+}
+
+// BrokerState is the RabbitMQ side of a leader as the progress row tells
+// it (columns broker and confirms_stalled_at).
+type BrokerState struct {
+	// Node is the node the leader's publisher is connected to, host:port
+	// (never credentials).
+	Node string
+	// Stalled is nil while the broker confirms; otherwise since when it
+	// has not confirmed the messages on the wire.
+	Stalled *StallState
+}
+
+// StallState is a stall of publisher confirms: since when, and how long ago
+// by the server's clock.
+type StallState struct {
+	Since   time.Time
+	Seconds float64
 }
 
 // PauseState is a pause as the row tells it.
@@ -111,11 +130,11 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 		s.Position = position.Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint32(pos.Int64)}
 		s.ModeReason, s.LastError = reason.String, lastError.String
 		s.LastEventAt, s.UpdatedAt = parseTime(lastEvent), parseTime(updated)
-		if s.Status == StatusPaused {
+		if s.Status == checkpoint.StatusPaused {
 			s.Paused = &PauseState{Since: parseTime(pausedAt), Seconds: max(float64(pausedAge.Int64)/1e6, 0),
 				Stopped: pausedEpoch.Valid && pausedEpoch.Int64 == s.Epoch}
 		}
-		if s.Status == StatusFailed {
+		if s.Status == checkpoint.StatusFailed {
 			s.Failed = &FailedState{Since: parseTime(failedAt), Seconds: max(float64(failedAge.Int64)/1e6, 0)}
 		}
 		if broker.Valid {
@@ -173,11 +192,11 @@ func ReadBacklog(ctx context.Context, db *sql.DB, table, onDelivered string) (Ba
 	}
 	where := ""
 	switch onDelivered {
-	case Delete, "":
-	case Mark:
+	case checkpoint.Delete, "":
+	case checkpoint.Mark:
 		where = " WHERE delivered_at IS NULL"
 	default:
-		return Backlog{}, fmt.Errorf("read backlog: on-delivered %q: want %q or %q", onDelivered, Delete, Mark)
+		return Backlog{}, fmt.Errorf("read backlog: on-delivered %q: want %q or %q", onDelivered, checkpoint.Delete, checkpoint.Mark)
 	}
 	var (
 		b   Backlog
@@ -206,7 +225,7 @@ func ReadBacklog(ctx context.Context, db *sql.DB, table, onDelivered string) (Ba
 func SetPosition(ctx context.Context, db *sql.DB, relayName string, epoch int64, pos position.Position, reason string) error {
 	res, err := db.ExecContext(ctx, `UPDATE outbox_relay_progress SET flavor = ?, gtid_set = ?, binlog_file = ?,
 		binlog_pos = ?, mode = 'binlog', mode_reason = ? WHERE relay_name = ? AND epoch = ?`,
-		nullIfEmpty(pos.Flavor), nullIfEmpty(pos.GTIDSet), nullIfEmpty(pos.File), filePos(pos), truncate(reason, 1024), relayName, epoch)
+		nullIfEmpty(pos.Flavor), nullIfEmpty(pos.GTIDSet), nullIfEmpty(pos.File), filePos(pos), checkpoint.CutReason(reason), relayName, epoch)
 	if err != nil {
 		return fmt.Errorf("set checkpoint of relay %q: %w", relayName, err)
 	}
@@ -216,7 +235,7 @@ func SetPosition(ctx context.Context, db *sql.DB, relayName string, epoch int64,
 			return fmt.Errorf("set checkpoint of relay %q: %w", relayName, err)
 		}
 		if cur != epoch {
-			return ErrFenced
+			return checkpoint.ErrFenced
 		}
 	}
 	return nil
@@ -227,4 +246,12 @@ func filePos(p position.Position) any {
 		return nil
 	}
 	return p.Pos
+}
+
+// nullIfEmpty is NULL for "", else s.
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }

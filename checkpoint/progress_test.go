@@ -1,0 +1,67 @@
+package checkpoint_test
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// SetMode writes why the relay is in its mode to mode_reason; last_error
+// keeps holding only errors.
+func TestSetModeWritesModeReason(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	store, err := checkpoint.New(db, checkpoint.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	el, err := leadership.New(db, leadership.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader, err := el.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Release(context.WithoutCancel(ctx))
+	if err := store.RecordError(ctx, leader.Epoch(), "connection refused"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.SetMode(ctx, leader.Epoch(), "poll", "binlog unavailable"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := store.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Mode != "poll" || p.ModeReason != "binlog unavailable" || p.LastError != "connection refused" {
+		t.Fatalf("mode %q, mode_reason %q, last_error %q; want poll, the reason, the error", p.Mode, p.ModeReason, p.LastError)
+	}
+}
+
+// leaderDB is a migrated database and a pool on it that parses times, as the
+// relay's does.
+func leaderDB(ctx context.Context, t *testing.T) *sql.DB {
+	t.Helper()
+	db := testenv.MySQL(t)
+	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	sep := "?"
+	if strings.Contains(db.DSN, "?") {
+		sep = "&"
+	}
+	pool, err := sql.Open("mysql", db.DSN+sep+"parseTime=true&loc=UTC&time_zone=%27%2B00%3A00%27")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	return pool
+}
