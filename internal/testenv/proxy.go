@@ -2,9 +2,11 @@ package testenv
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -25,6 +27,7 @@ type FaultProxy struct {
 	mu       sync.Mutex
 	upstream string       // Retarget changes it
 	ln       net.Listener // nil while disabled
+	held     *portHold    // while disabled: the port, bound and not listening
 	conns    map[*proxyConn]struct{}
 	latency  time.Duration
 	stalled  bool   // Stall: accept, forward nothing
@@ -113,15 +116,30 @@ func (p *FaultProxy) Cut() {
 
 // Disable closes every connection and refuses new ones (connection refused)
 // until Enable.
+//
+// The port stays the proxy's meanwhile (bound, not listening: a connection
+// attempt is refused), so no other test's server can take it and answer in
+// the proxy's place, and Enable finds it free.
 func (p *FaultProxy) Disable() {
 	p.mu.Lock()
 	ln := p.ln
-	p.ln = nil
+	p.ln = nil // the accept loop lets nothing through from now on
 	p.mu.Unlock()
-	if ln != nil {
-		_ = ln.Close()
-	}
+	// Reset (no TIME_WAIT) the connections on the port before it is held.
 	p.Cut()
+	if ln == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = ln.Close()
+	if !p.closed {
+		h, err := holdPort(p.addr)
+		if err != nil {
+			p.t.Logf("testenv: proxy %s: keep the port while disabled: %v", p.addr, err)
+		}
+		p.held = h
+	}
 }
 
 // Enable accepts connections again after Disable, on the same address. It
@@ -133,6 +151,8 @@ func (p *FaultProxy) Enable() {
 	if p.ln != nil || p.closed {
 		return
 	}
+	p.held.release()
+	p.held = nil
 	ln, err := net.Listen("tcp", p.addr)
 	if err != nil {
 		p.t.Errorf("testenv: re-enable proxy on %s: %v", p.addr, err)
@@ -188,6 +208,8 @@ func (p *FaultProxy) currentLatency() time.Duration {
 func (p *FaultProxy) close() {
 	p.mu.Lock()
 	p.closed = true
+	p.held.release()
+	p.held = nil
 	p.mu.Unlock()
 	p.Disable()
 	p.wg.Wait()
@@ -281,5 +303,64 @@ func (p *FaultProxy) pipe(c *proxyConn, src net.Conn, dst io.Writer) {
 		if err != nil { // EOF, a reset or a Cut: the pair is closed on return
 			return
 		}
+	}
+}
+
+// portHold is a TCP socket bound to a port and not listening: connections
+// to the port are refused, and no other socket can bind it.
+type portHold struct{ fd int }
+
+// holdPort binds addr (host:port of a local IP) without listening. It
+// binds without SO_REUSEADDR where it can, so that no other socket, a
+// listener with SO_REUSEADDR included, can bind the port while it is held.
+// While a socket of the port is in TIME_WAIT that fails, and it binds with
+// SO_REUSEADDR: the kernel then still gives the port to no socket that asks
+// for any free port (the way tests pick theirs), though a listener with
+// SO_REUSEADDR asking for this very port could take it.
+func holdPort(addr string) (*portHold, error) {
+	ta, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	var sa syscall.Sockaddr
+	family := syscall.AF_INET
+	if ip4 := ta.IP.To4(); ip4 != nil {
+		sa4 := &syscall.SockaddrInet4{Port: ta.Port}
+		copy(sa4.Addr[:], ip4)
+		sa = sa4
+	} else {
+		family = syscall.AF_INET6
+		sa6 := &syscall.SockaddrInet6{Port: ta.Port}
+		copy(sa6.Addr[:], ta.IP.To16())
+		sa = sa6
+	}
+	bind := func(reuse bool) (*portHold, error) {
+		fd, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("socket: %w", err)
+		}
+		if reuse {
+			if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+				syscall.Close(fd)
+				return nil, fmt.Errorf("SO_REUSEADDR: %w", err)
+			}
+		}
+		if err := syscall.Bind(fd, sa); err != nil {
+			syscall.Close(fd)
+			return nil, fmt.Errorf("bind %s: %w", addr, err)
+		}
+		return &portHold{fd: fd}, nil
+	}
+	h, err := bind(false)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		h, err = bind(true)
+	}
+	return h, err
+}
+
+// release closes the socket; a nil hold is a no-op.
+func (h *portHold) release() {
+	if h != nil {
+		syscall.Close(h.fd)
 	}
 }

@@ -58,6 +58,12 @@ func TestProxyCutDisableEnable(t *testing.T) {
 		c.Close()
 		t.Fatal("Disable: proxy still accepts connections")
 	}
+	// The port stays the proxy's while disabled: another test's server
+	// taking it would answer in its place, and Enable would fail.
+	if ln, err := net.Listen("tcp", p.Addr()); err == nil {
+		ln.Close()
+		t.Fatal("Disable: another listener could take the proxy's port")
+	}
 	if err := pool.PingContext(ctx(t)); err == nil {
 		t.Fatal("Disable: ping through the proxy succeeded")
 	}
