@@ -42,7 +42,8 @@ type Relay struct {
 	// unit tests fill with a fake).
 	progress progressStore
 	canal    canal.Config
-	modes    modeRunners // the modes a term runs
+	binlog   binlogServer // what binlog mode reads: canalBinlog, on canal
+	modes    modeRunners  // the modes a term runs
 
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool  // leading in poll mode
@@ -157,6 +158,7 @@ func New(cfg Config) (*Relay, error) {
 	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
 	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, progress: store, canal: cc}
 	r.modes = modeRunners{start: r.startMode, binlog: r.runBinlog, poll: r.runPoll}
+	r.binlog = canalBinlog{r: r}
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
 	r.canal.OwnServerID = store.Led
@@ -417,7 +419,7 @@ func (r *Relay) markFailed(ctx context.Context, epoch int64, err error) {
 
 // clearFailed ends a FAILED status once a term delivers again.
 func (r *Relay) clearFailed(ctx context.Context, epoch int64) {
-	if err := r.store.ClearFailed(ctx, epoch); err != nil && ctx.Err() == nil {
+	if err := r.progress.ClearFailed(ctx, epoch); err != nil && ctx.Err() == nil {
 		r.log.Warn("status FAILED not cleared", zap.Error(err))
 	}
 }

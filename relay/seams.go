@@ -11,8 +11,9 @@ import (
 
 // The seams of the relay: what a leader term consumes, each as the few
 // methods it calls. The production types are wired in New and Run
-// (*publish.Channel, *checkpoint.Store, *checkpoint.Leader,
-// *canal.Tailer); the unit tests put in-memory fakes in their place.
+// (*publish.Channel, *checkpoint.Store, *checkpoint.Leader, canalBinlog
+// and its *canal.Tailer, *publish.Publisher); the unit tests put in-memory
+// fakes in their place.
 
 // sink is one ordering lane's publisher, the changefeed-sink shape
 // publish/doc.go describes. Publish emits m asynchronously: every message
@@ -42,6 +43,8 @@ type progressStore interface {
 	SetMode(ctx context.Context, epoch int64, mode, reason string) error
 	// MarkPaused records that epoch has stopped for an operator's pause.
 	MarkPaused(ctx context.Context, epoch int64) error
+	// ClearFailed ends a FAILED status once epoch delivers again.
+	ClearFailed(ctx context.Context, epoch int64) error
 }
 
 // lease is one leader term's leadership.
@@ -68,9 +71,58 @@ type source interface {
 	Run(ctx context.Context, from position.Position, h canal.Handler) error
 }
 
+// binlogServer is the binlog side of the server a binlog mode run reads
+// (canalBinlog in production: the relay's pool and a *canal.Tailer per
+// run).
+type binlogServer interface {
+	// CheckPosition returns a *canal.PurgedError when the server no longer
+	// holds the binlog from from on.
+	CheckPosition(ctx context.Context, from position.Position) error
+	// SnapshotPosition is the server's position as of a consistent
+	// snapshot (canal.SnapshotPosition): every transaction at or before it
+	// is visible to every read that starts after it was taken.
+	SnapshotPosition(ctx context.Context) (position.Position, error)
+	// Open returns the source of one binlog mode run; it checks every
+	// reconnected server for a lossy failover (failoverCheck) and reports
+	// each reconnect attempt to onRetry. Its errors are *ConfigError.
+	Open(onRetry func(err error, attempt int)) (source, error)
+}
+
+// brokerLink is what a stop asks of a mode's publisher
+// (*publish.Publisher): whether it is connected to the broker, and a
+// channel closed at the next change.
+type brokerLink interface {
+	Connected() (bool, <-chan struct{})
+}
+
 var (
 	_ sink          = (*publish.Channel)(nil)
 	_ progressStore = (*checkpoint.Store)(nil)
 	_ lease         = (*checkpoint.Leader)(nil)
 	_ source        = (*canal.Tailer)(nil)
+	_ binlogServer  = canalBinlog{}
+	_ brokerLink    = (*publish.Publisher)(nil)
 )
+
+// canalBinlog is the production binlogServer: the relay's pool for the
+// positions, and a *canal.Tailer on the relay's canal.Config per run.
+type canalBinlog struct{ r *Relay }
+
+func (b canalBinlog) CheckPosition(ctx context.Context, from position.Position) error {
+	return canal.CheckPosition(ctx, b.r.db, from)
+}
+
+func (b canalBinlog) SnapshotPosition(ctx context.Context) (position.Position, error) {
+	return canal.SnapshotPosition(ctx, b.r.db)
+}
+
+func (b canalBinlog) Open(onRetry func(err error, attempt int)) (source, error) {
+	cc := b.r.canal
+	cc.CheckServer = b.r.failover.checkReconnect
+	cc.OnRetry = onRetry
+	tailer, err := canal.New(cc)
+	if err != nil {
+		return nil, &ConfigError{err}
+	}
+	return tailer, nil
+}

@@ -19,7 +19,7 @@ import (
 // fenced round or an expired lease, which end the leader term at once.
 func (p *pipeline) sweepDelayed(ctx context.Context, stop <-chan struct{}) {
 	r := p.r
-	pl, err := r.newPoller(p.publisher, p.leader)
+	pl, err := p.pollers()
 	if err == nil {
 		var s *poller.DelayedSweeper
 		if s, err = pl.NewDelayedSweeper(); err == nil {
