@@ -43,6 +43,7 @@ type Relay struct {
 	progress progressStore
 	canal    canal.Config
 	binlog   binlogServer // what binlog mode reads: canalBinlog, on canal
+	openPoll openPoll     // poll mode's publisher and poller: openPolling
 	modes    modeRunners  // the modes a term runs
 
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
@@ -159,6 +160,7 @@ func New(cfg Config) (*Relay, error) {
 	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, progress: store, canal: cc}
 	r.modes = modeRunners{start: r.startMode, binlog: r.runBinlog, poll: r.runPoll}
 	r.binlog = canalBinlog{r: r}
+	r.openPoll = r.openPolling
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
 	r.canal.OwnServerID = store.Led
@@ -301,7 +303,7 @@ func (r *Relay) preflight(ctx context.Context) error {
 		}
 	}
 	if r.cfg.Mode == ModeBinlog { // auto falls back to polling; poll needs no binlog
-		if err := canal.Preflight(ctx, r.db, r.canal); err != nil {
+		if err := r.binlog.Preflight(ctx); err != nil {
 			return &ConfigError{err}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/position"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -75,6 +76,9 @@ type source interface {
 // (canalBinlog in production: the relay's pool and a *canal.Tailer per
 // run).
 type binlogServer interface {
+	// Preflight reports what keeps the server from serving the binlog to
+	// the relay (canal.Preflight): nil when it can.
+	Preflight(ctx context.Context) error
 	// CheckPosition returns a *canal.PurgedError when the server no longer
 	// holds the binlog from from on.
 	CheckPosition(ctx context.Context, from position.Position) error
@@ -95,18 +99,43 @@ type brokerLink interface {
 	Connected() (bool, <-chan struct{})
 }
 
+// pollPublisher is poll mode's publisher as the mode itself uses it: a
+// stop watches its connection, and the mode closes it when it ends.
+type pollPublisher interface {
+	brokerLink
+	Close() error
+}
+
+// rounds is poll mode's poller (*poller.Poller): RunUntil delivers in
+// rounds until ctx ends or an error; once stop closes it lets the rounds
+// under way commit and returns their error (nil when they committed). A
+// round cut by the end of ctx is rolled back: it returns a
+// *poller.CutError saying how many rounds and messages were cut.
+type rounds interface {
+	RunUntil(ctx context.Context, stop <-chan struct{}) error
+}
+
+// openPoll opens poll mode's publisher and poller for leader's term
+// (openPolling in production).
+type openPoll func(ctx context.Context, leader lease) (pollPublisher, rounds, error)
+
 var (
 	_ sink          = (*publish.Channel)(nil)
 	_ progressStore = (*checkpoint.Store)(nil)
 	_ lease         = (*checkpoint.Leader)(nil)
 	_ source        = (*canal.Tailer)(nil)
 	_ binlogServer  = canalBinlog{}
-	_ brokerLink    = (*publish.Publisher)(nil)
+	_ pollPublisher = (*publish.Publisher)(nil)
+	_ rounds        = (*poller.Poller)(nil)
 )
 
 // canalBinlog is the production binlogServer: the relay's pool for the
 // positions, and a *canal.Tailer on the relay's canal.Config per run.
 type canalBinlog struct{ r *Relay }
+
+func (b canalBinlog) Preflight(ctx context.Context) error {
+	return canal.Preflight(ctx, b.r.db, b.r.canal)
+}
 
 func (b canalBinlog) CheckPosition(ctx context.Context, from position.Position) error {
 	return canal.CheckPosition(ctx, b.r.db, from)

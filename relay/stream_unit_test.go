@@ -19,9 +19,19 @@ import (
 
 // fakeBinlog is a server whose binlog is src: every position is still
 // there, and there is no snapshot (these tests resume from a stored
-// position, so the first-start sweep does not run).
-type fakeBinlog struct{ src source }
+// position, so the first-start sweep does not run). Preflight answers with
+// preflight (nil: the binlog is readable).
+type fakeBinlog struct {
+	src       source
+	preflight func() error
+}
 
+func (b fakeBinlog) Preflight(ctx context.Context) error {
+	if b.preflight == nil {
+		return nil
+	}
+	return b.preflight()
+}
 func (b fakeBinlog) CheckPosition(ctx context.Context, from position.Position) error { return nil }
 func (b fakeBinlog) SnapshotPosition(ctx context.Context) (position.Position, error) {
 	return position.Position{}, errors.New("no snapshot in a unit test")
