@@ -389,17 +389,17 @@ func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 		RetryRefused: true,
 		OnDial: func(node string, err error) {
 			if err == nil {
-				r.brokerDown.Store("")
+				r.state.setBrokerDown("")
 				return
 			}
 			r.cfg.Metrics.ReconnectedTo(metrics.TargetAMQP, node)
-			r.brokerDown.Store("cannot publish: " + err.Error())
+			r.state.setBrokerDown("cannot publish: " + err.Error())
 		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
-	r.pub.Store(pub)
+	r.state.setPublisher(pub)
 	return pub, nil
 }
 

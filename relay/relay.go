@@ -22,7 +22,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // ConfirmStallAfter is how long the publisher may wait for the broker's
@@ -52,15 +51,9 @@ type Relay struct {
 	mode    atomic.Value // Mode: the mode of the current term
 	backlog backlogHint  // what binlog mode knows of the backlog, for the backlog watch (backlog.go)
 
-	notReady atomic.Value // string: why the relay is not ready ("" when a healthy standby)
-	// brokerDown is the last failed dial of the current term's publisher
-	// ("" once a dial succeeded or the term ended): it makes the relay
-	// not ready even while it leads.
-	brokerDown atomic.Value // string
-	// pub is the current term's publisher (nil between terms and while
-	// paused): Ready asks it which node it is connected to and how long
-	// it has waited for confirmations.
-	pub atomic.Pointer[publish.Publisher]
+	// state is why the relay is not ready, its broker trouble and the
+	// term's publisher, for Ready and BrokerNode.
+	state supervisorState
 
 	// failover is what this process has published, kept across
 	// reconnects and leader terms, and the check that compares it with
@@ -78,10 +71,11 @@ type Relay struct {
 // connection is not failing. Otherwise it says what is wrong. No I/O:
 // /readyz calls it.
 func (r *Relay) Ready() error {
-	if msg, _ := r.brokerDown.Load().(string); msg != "" {
-		return errors.New(msg)
+	notReady, brokerDown, pub := r.state.get()
+	if brokerDown != "" {
+		return errors.New(brokerDown)
 	}
-	if pub := r.pub.Load(); pub != nil && !r.Paused() {
+	if pub != nil && !r.Paused() {
 		if wait := pub.ConfirmWait(); wait > ConfirmStallAfter {
 			return fmt.Errorf("no publisher confirms from RabbitMQ node %s for %v (a quorum queue without a majority of its nodes, "+
 				"or an overloaded broker): the messages are held, not given up, and go on when the broker confirms again",
@@ -91,8 +85,8 @@ func (r *Relay) Ready() error {
 	if r.Tailing() || r.Polling() || r.Paused() {
 		return nil
 	}
-	if msg, _ := r.notReady.Load().(string); msg != "" {
-		return errors.New(msg)
+	if notReady != "" {
+		return errors.New(notReady)
 	}
 	return nil
 }
@@ -101,7 +95,7 @@ func (r *Relay) Ready() error {
 // never with credentials) the leader's publisher is connected to, "" when
 // it is not connected or the relay does not lead. No I/O.
 func (r *Relay) BrokerNode() string {
-	if pub := r.pub.Load(); pub != nil && !r.Paused() {
+	if _, _, pub := r.state.get(); pub != nil && !r.Paused() {
 		return pub.Node()
 	}
 	return ""
@@ -191,7 +185,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	r.mode.Store(Mode(""))
-	r.notReady.Store("starting")
+	r.state.setNotReady("starting")
 	m := r.cfg.Metrics
 	row := &instanceRow{r: r}
 	defer row.remove(ctx)
@@ -210,7 +204,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, checkpoint.ErrHeld):
-			r.notReady.Store("")
+			r.state.setNotReady("")
 			m.SetMode("")
 			row.beat(ctx, checkpoint.RoleStandby)
 			// At most StandbyRetry (4/5 of the lease by default) between
@@ -234,7 +228,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		case err != nil:
 			d := retry.Next()
-			r.notReady.Store("cannot reach the database to take leadership: " + err.Error())
+			r.state.setNotReady("cannot reach the database to take leadership: " + err.Error())
 			m.Reconnected(metrics.TargetMySQL)
 			r.log.Warn("cannot take leadership, retrying", zap.Error(err), zap.Duration("in", d))
 			if !backoff.Sleep(ctx, d) {
@@ -250,15 +244,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		// Once: the leader's liveness is leader_heartbeat in the progress row.
 		row.beat(ctx, checkpoint.RoleLeader)
-		r.notReady.Store("leading, not yet delivering")
+		r.state.setNotReady("leading, not yet delivering")
 		m.SetLeader(true)
 		started := time.Now()
 		err = r.lead(ctx, leader)
-		r.brokerDown.Store("")
-		r.pub.Store(nil)
+		r.state.dropPublisher()
 		m.SetLeader(false)
 		m.SetMode("")
-		r.notReady.Store("leadership ended: restarting")
+		r.state.setNotReady("leadership ended: restarting")
 		if time.Since(started) > time.Minute {
 			retry.Reset() // a long healthy term: start the backoff over
 		}

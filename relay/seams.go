@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -115,6 +116,16 @@ type rounds interface {
 	RunUntil(ctx context.Context, stop <-chan struct{}) error
 }
 
+// termPublisher is what Ready, BrokerNode and the broker watch ask of the
+// current term's publisher (*publish.Publisher), in memory.
+type termPublisher interface {
+	// Node is the broker node it is connected to ("" when not).
+	Node() string
+	// ConfirmWait is how long it has waited for confirmations with
+	// messages on the wire (0 when none are).
+	ConfirmWait() time.Duration
+}
+
 // openPoll opens poll mode's publisher and poller for leader's term
 // (openPolling in production).
 type openPoll func(ctx context.Context, leader lease) (pollPublisher, rounds, error)
@@ -127,6 +138,7 @@ var (
 	_ binlogServer  = canalBinlog{}
 	_ pollPublisher = (*publish.Publisher)(nil)
 	_ rounds        = (*poller.Poller)(nil)
+	_ termPublisher = (*publish.Publisher)(nil)
 )
 
 // canalBinlog is the production binlogServer: the relay's pool for the
