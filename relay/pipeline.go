@@ -33,7 +33,8 @@ type pipeline struct {
 	queues   []chan *laneItem
 	channels []sink
 	broker   brokerLink                     // the publisher's connection, which a stop watches
-	pollers  func() (*poller.Poller, error) // a poller of the term on its publisher (the sweeps)
+	drainer  func() (drainer, error)        // a poller of the term on its publisher: the sweep before tailing
+	pollers  func() (*poller.Poller, error) // a poller of the term on its publisher: the due-time sweep
 	watch    *troubleWatch
 	delayed  chan struct{} // capacity 1: the stream skipped a delayed row
 	fallback atomic.Value  // string: why binlog mode gave way to polling
@@ -120,6 +121,13 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	p := r.newPipeline(leader, cancelRead)
 	p.broker = publisher
 	p.pollers = func() (*poller.Poller, error) { return r.newPoller(publisher, leader) }
+	p.drainer = func() (drainer, error) {
+		d, err := r.newPoller(publisher, leader)
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
+	}
 	g.Go("stop-reading", cancelRead, func() error { p.stopReading(ctx, readCtx); return nil })
 	if err := p.openLanes(func(onResult func(publish.Result)) (sink, error) { return publisher.NewChannel(onResult) }); err != nil {
 		return nil, err
@@ -208,8 +216,8 @@ func binlogEnd(log *zap.Logger, shuttingDown bool, fallback string, readErr, ack
 }
 
 // newPipeline is the state of one binlog mode run of leader's term;
-// cancelRead ends its reading. The caller sets broker and pollers from the
-// run's publisher.
+// cancelRead ends its reading. The caller sets broker, drainer and
+// pollers from the run's publisher.
 func (r *Relay) newPipeline(leader lease, cancelRead context.CancelFunc) *pipeline {
 	p := &pipeline{
 		r: r, leader: leader, epoch: leader.Epoch(), store: r.progress,
@@ -373,7 +381,7 @@ func (p *pipeline) enterSweep() bool {
 // still under way after --shutdown-timeout are cut (rolled back): that is
 // logged at WARN with how many messages they had published, which will be
 // published again, and it returns poller.ErrStopped too.
-func (p *pipeline) sweep(ctx context.Context, d *poller.Poller) (int, error) {
+func (p *pipeline) sweep(ctx context.Context, d drainer) (int, error) {
 	if !p.enterSweep() {
 		p.cancelRead()
 		return 0, poller.ErrStopped

@@ -126,6 +126,16 @@ type termPublisher interface {
 	ConfirmWait() time.Duration
 }
 
+// drainer is the sweep's poller (*poller.Poller) before binlog mode tails:
+// DrainUntil delivers every pending row in rounds and returns how many.
+// Once stop closes it lets the rounds under way commit and returns
+// poller.ErrStopped unless every pending row was delivered; the end of ctx
+// rolls back the rounds still under way (a *poller.CutError when they had
+// published).
+type drainer interface {
+	DrainUntil(ctx context.Context, stop <-chan struct{}) (int, error)
+}
+
 // openPoll opens poll mode's publisher and poller for leader's term
 // (openPolling in production).
 type openPoll func(ctx context.Context, leader lease) (pollPublisher, rounds, error)
@@ -138,6 +148,7 @@ var (
 	_ binlogServer  = canalBinlog{}
 	_ pollPublisher = (*publish.Publisher)(nil)
 	_ rounds        = (*poller.Poller)(nil)
+	_ drainer       = (*poller.Poller)(nil)
 	_ termPublisher = (*publish.Publisher)(nil)
 )
 

@@ -18,12 +18,12 @@ import (
 // store, and the stop at a transaction boundary.
 
 // fakeBinlog is a server whose binlog is src: every position is still
-// there, and there is no snapshot (these tests resume from a stored
-// position, so the first-start sweep does not run). Preflight answers with
-// preflight (nil: the binlog is readable).
+// there. Preflight answers with preflight (nil: the binlog is readable),
+// SnapshotPosition with snapshot (nil: an error).
 type fakeBinlog struct {
 	src       source
 	preflight func() error
+	snapshot  func() (position.Position, error) // nil: none
 }
 
 func (b fakeBinlog) Preflight(ctx context.Context) error {
@@ -34,7 +34,10 @@ func (b fakeBinlog) Preflight(ctx context.Context) error {
 }
 func (b fakeBinlog) CheckPosition(ctx context.Context, from position.Position) error { return nil }
 func (b fakeBinlog) SnapshotPosition(ctx context.Context) (position.Position, error) {
-	return position.Position{}, errors.New("no snapshot in a unit test")
+	if b.snapshot == nil {
+		return position.Position{}, errors.New("no snapshot in this unit test")
+	}
+	return b.snapshot()
 }
 func (b fakeBinlog) Open(onRetry func(err error, attempt int)) (source, error) { return b.src, nil }
 
@@ -49,10 +52,11 @@ type scriptSource struct {
 	pauseAt          int
 	reached, release chan struct{}
 	from             position.Position // what Run was called with
+	ran              bool
 }
 
 func (s *scriptSource) Run(ctx context.Context, from position.Position, h canal.Handler) error {
-	s.from = from
+	s.from, s.ran = from, true
 	event := 0
 	next := func() error {
 		event++
@@ -97,7 +101,12 @@ type unitRead struct {
 
 func (u *unitPipeline) startRead(t *testing.T, src *scriptSource, at position.Position) *unitRead {
 	t.Helper()
-	u.p.r.binlog = fakeBinlog{src: src}
+	if b, ok := u.p.r.binlog.(fakeBinlog); ok {
+		b.src = src
+		u.p.r.binlog = b
+	} else {
+		u.p.r.binlog = fakeBinlog{src: src}
+	}
 	termCtx, stopTerm := context.WithCancel(context.Background())
 	t.Cleanup(stopTerm)
 	u.g.Go("stop-reading", u.cancelRead, func() error { u.p.stopReading(termCtx, u.readCtx); return nil })
