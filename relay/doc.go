@@ -22,8 +22,9 @@
 // broker is unreachable; a cut is logged with what will be published
 // again. The relay consumes its dependencies through small interfaces
 // (seams.go): a sink per lane, the progress store, the leadership lease,
-// the binlog server and its source, the first start's sweep, poll mode's
-// publisher and poller, and the publisher's connection, which the unit tests replace with in-memory
+// the binlog server and its source, binlog mode's publisher (its sinks, the
+// first start's sweep, the due-time sweep), poll mode's publisher and
+// poller, and the publisher's connection, which the unit tests replace with in-memory
 // fakes. What Ready reports is one supervisorState.
 //
 // Before it publishes anything on a server (each leader term, each mode, each

@@ -32,9 +32,9 @@ type pipeline struct {
 	lanes    *ordering.Lanes
 	queues   []chan *laneItem
 	channels []sink
-	broker   brokerLink                     // the publisher's connection, which a stop watches
-	drainer  func() (drainer, error)        // a poller of the term on its publisher: the sweep before tailing
-	pollers  func() (*poller.Poller, error) // a poller of the term on its publisher: the due-time sweep
+	broker   brokerLink                                    // the publisher's connection, which a stop watches
+	drainer  func() (drainer, error)                       // the sweep before tailing, on the run's publisher
+	sweeper  func() (delayedSweeper, time.Duration, error) // the due-time sweep and its interval, on the run's publisher
 	watch    *troubleWatch
 	delayed  chan struct{} // capacity 1: the stream skipped a delayed row
 	fallback atomic.Value  // string: why binlog mode gave way to polling
@@ -112,24 +112,16 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	if err != nil {
 		return nil, err
 	}
-	publisher, err := r.newPublisher(pubCtx)
+	publisher, err := r.openBinlog(pubCtx, leader)
 	if err != nil {
 		return nil, err
 	}
 	defer publisher.Close()
 
 	p := r.newPipeline(leader, cancelRead)
-	p.broker = publisher
-	p.pollers = func() (*poller.Poller, error) { return r.newPoller(publisher, leader) }
-	p.drainer = func() (drainer, error) {
-		d, err := r.newPoller(publisher, leader)
-		if err != nil {
-			return nil, err
-		}
-		return d, nil
-	}
+	p.broker, p.drainer, p.sweeper = publisher, publisher.Drainer, publisher.DelayedSweeper
 	g.Go("stop-reading", cancelRead, func() error { p.stopReading(ctx, readCtx); return nil })
-	if err := p.openLanes(func(onResult func(publish.Result)) (sink, error) { return publisher.NewChannel(onResult) }); err != nil {
+	if err := p.openLanes(publisher.NewSink); err != nil {
 		return nil, err
 	}
 	p.start(&g, pubCtx)
@@ -217,7 +209,7 @@ func binlogEnd(log *zap.Logger, shuttingDown bool, fallback string, readErr, ack
 
 // newPipeline is the state of one binlog mode run of leader's term;
 // cancelRead ends its reading. The caller sets broker, drainer and
-// pollers from the run's publisher.
+// sweeper from the run's publisher.
 func (r *Relay) newPipeline(leader lease, cancelRead context.CancelFunc) *pipeline {
 	p := &pipeline{
 		r: r, leader: leader, epoch: leader.Epoch(), store: r.progress,

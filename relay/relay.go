@@ -39,11 +39,12 @@ type Relay struct {
 	store *checkpoint.Store // leadership, instances, status FAILED; the poller's store
 	// progress is store as a leader term's modes use it (the seam the
 	// unit tests fill with a fake).
-	progress progressStore
-	canal    canal.Config
-	binlog   binlogServer // what binlog mode reads: canalBinlog, on canal
-	openPoll openPoll     // poll mode's publisher and poller: openPolling
-	modes    modeRunners  // the modes a term runs
+	progress   progressStore
+	canal      canal.Config
+	binlog     binlogServer // what binlog mode reads: canalBinlog, on canal
+	openBinlog openBinlog   // binlog mode's publisher: openBinlogPub
+	openPoll   openPoll     // poll mode's publisher and poller: openPolling
+	modes      modeRunners  // the modes a term runs
 
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool  // leading in poll mode
@@ -155,6 +156,7 @@ func New(cfg Config) (*Relay, error) {
 	r.modes = modeRunners{start: r.startMode, binlog: r.runBinlog, poll: r.runPoll}
 	r.binlog = canalBinlog{r: r}
 	r.openPoll = r.openPolling
+	r.openBinlog = r.openBinlogPub
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
 	r.canal.OwnServerID = store.Led

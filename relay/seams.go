@@ -136,20 +136,49 @@ type drainer interface {
 	DrainUntil(ctx context.Context, stop <-chan struct{}) (int, error)
 }
 
+// binlogPublisher is binlog mode's publisher for one run (binlogPub in
+// production: a *publish.Publisher and pollers of the term on it).
+type binlogPublisher interface {
+	brokerLink
+	// NewSink opens a lane's sink; onResult gets every result of it.
+	NewSink(onResult func(publish.Result)) (sink, error)
+	// Drainer returns the poller of the sweep before tailing.
+	Drainer() (drainer, error)
+	// DelayedSweeper returns the due-time sweep and its interval.
+	DelayedSweeper() (delayedSweeper, time.Duration, error)
+	// Close closes the publisher and its sinks.
+	Close() error
+}
+
+// openBinlog opens binlog mode's publisher for leader's term, publishing
+// under ctx (openBinlogPub in production).
+type openBinlog func(ctx context.Context, leader lease) (binlogPublisher, error)
+
+// delayedSweeper is binlog mode's due-time sweep (*poller.DelayedSweeper):
+// Pending reports whether delayed rows exist, Round delivers those that are
+// due and returns how many.
+type delayedSweeper interface {
+	Pending(ctx context.Context) (bool, error)
+	Round(ctx context.Context) (int, error)
+	Close() error
+}
+
 // openPoll opens poll mode's publisher and poller for leader's term
 // (openPolling in production).
 type openPoll func(ctx context.Context, leader lease) (pollPublisher, rounds, error)
 
 var (
-	_ sink          = (*publish.Channel)(nil)
-	_ progressStore = (*checkpoint.Store)(nil)
-	_ lease         = (*checkpoint.Leader)(nil)
-	_ source        = (*canal.Tailer)(nil)
-	_ binlogServer  = canalBinlog{}
-	_ pollPublisher = (*publish.Publisher)(nil)
-	_ rounds        = (*poller.Poller)(nil)
-	_ drainer       = (*poller.Poller)(nil)
-	_ termPublisher = (*publish.Publisher)(nil)
+	_ sink            = (*publish.Channel)(nil)
+	_ progressStore   = (*checkpoint.Store)(nil)
+	_ lease           = (*checkpoint.Leader)(nil)
+	_ source          = (*canal.Tailer)(nil)
+	_ binlogServer    = canalBinlog{}
+	_ pollPublisher   = (*publish.Publisher)(nil)
+	_ rounds          = (*poller.Poller)(nil)
+	_ drainer         = (*poller.Poller)(nil)
+	_ delayedSweeper  = (*poller.DelayedSweeper)(nil)
+	_ binlogPublisher = binlogPub{}
+	_ termPublisher   = (*publish.Publisher)(nil)
 )
 
 // canalBinlog is the production binlogServer: the relay's pool for the
@@ -177,4 +206,48 @@ func (b canalBinlog) Open(onRetry func(err error, attempt int)) (source, error) 
 		return nil, &ConfigError{err}
 	}
 	return tailer, nil
+}
+
+// binlogPub is the production binlogPublisher.
+type binlogPub struct {
+	*publish.Publisher
+	r      *Relay
+	leader lease
+}
+
+// openBinlogPub is binlog mode's openBinlog.
+func (r *Relay) openBinlogPub(ctx context.Context, leader lease) (binlogPublisher, error) {
+	pub, err := r.newPublisher(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return binlogPub{Publisher: pub, r: r, leader: leader}, nil
+}
+
+func (b binlogPub) NewSink(onResult func(publish.Result)) (sink, error) {
+	ch, err := b.NewChannel(onResult)
+	if err != nil {
+		return nil, err
+	}
+	return ch, nil
+}
+
+func (b binlogPub) Drainer() (drainer, error) {
+	d, err := b.r.newPoller(b.Publisher, b.leader)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (b binlogPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
+	pl, err := b.r.newPoller(b.Publisher, b.leader)
+	if err != nil {
+		return nil, 0, err
+	}
+	s, err := pl.NewDelayedSweeper()
+	if err != nil {
+		return nil, 0, err
+	}
+	return s, pl.Config().Interval, nil
 }

@@ -53,6 +53,7 @@ type scriptSource struct {
 	reached, release chan struct{}
 	from             position.Position // what Run was called with
 	ran              bool
+	end              error // returned after the last transaction instead of waiting for ctx
 }
 
 func (s *scriptSource) Run(ctx context.Context, from position.Position, h canal.Handler) error {
@@ -85,6 +86,9 @@ func (s *scriptSource) Run(ctx context.Context, from position.Position, h canal.
 		if err := h.Commit(ctx, tx.pos, len(tx.rows)); err != nil {
 			return err
 		}
+	}
+	if s.end != nil {
+		return s.end
 	}
 	<-ctx.Done()
 	return ctx.Err()
