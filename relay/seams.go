@@ -108,10 +108,10 @@ type pollPublisher interface {
 }
 
 // rounds is poll mode's poller (*poller.Poller): RunUntil delivers in
-// rounds until ctx ends or an error; once stop closes it lets the rounds
-// under way commit and returns their error (nil when they committed). A
-// round cut by the end of ctx is rolled back: it returns a
-// *poller.CutError saying how many rounds and messages were cut.
+// rounds until ctx ends (nil) or a fatal error. Once stop closes it starts
+// no other round and returns when the rounds under way have committed. The
+// end of ctx rolls back the rounds still under way: a *poller.CutError
+// when they had published, saying how many rounds and messages.
 type rounds interface {
 	RunUntil(ctx context.Context, stop <-chan struct{}) error
 }
