@@ -67,7 +67,7 @@ func (r *Relay) watchBroker(ctx context.Context, leader lease) (stop func()) {
 				node string
 				wait time.Duration
 			)
-			if pub := r.pub.Load(); pub != nil && !r.Paused() {
+			if _, _, pub := r.state.get(); pub != nil && !r.Paused() {
 				node, wait = pub.Node(), pub.ConfirmWait()
 			}
 			if rep := reportOf(node, wait); rep != written {

@@ -15,10 +15,17 @@
 //
 // Binlog mode (runBinlog) reads on the term's goroutine and owns a group of
 // named goroutines (lease watch, stop at a boundary, lanes, acker, due-time
-// sweep) that one shutdown policy stops in order. The relay consumes its
-// dependencies through small interfaces (seams.go): a sink per lane, the
-// progress store, the leadership lease and the binlog source, which the
-// unit tests replace with in-memory fakes.
+// sweep) that one shutdown policy stops in order. Poll mode (runPoll) runs
+// the poller's rounds and, in auto mode, probes the binlog; its stop lets
+// the rounds under way commit. A stop waits at most Config.ShutdownTimeout
+// for the transaction or the rounds under way, and not at all while the
+// broker is unreachable; a cut is logged with what will be published
+// again. The relay consumes its dependencies through small interfaces
+// (seams.go): a sink per lane, the progress store, the leadership lease,
+// the binlog server and its source, binlog mode's publisher (its sinks, the
+// first start's sweep, the due-time sweep), poll mode's publisher and
+// poller, and the publisher's connection, which the unit tests replace with in-memory
+// fakes. What Ready reports is one supervisorState.
 //
 // Before it publishes anything on a server (each leader term, each mode, each
 // reconnect of the binlog stream) it checks that the server holds every

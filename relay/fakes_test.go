@@ -132,6 +132,8 @@ func (s *fakeStore) SetMode(ctx context.Context, epoch int64, mode, reason strin
 	return nil
 }
 
+func (s *fakeStore) ClearFailed(ctx context.Context, epoch int64) error { return nil }
+
 func (s *fakeStore) MarkPaused(ctx context.Context, epoch int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -262,3 +264,28 @@ func rec(id uint64, key string) *outbox.Record {
 // errLeaseExpiredForTest is what a lane ends with when the lease may have
 // expired (the one place these tests name leadership's error).
 var errLeaseExpiredForTest = leadership.ErrLeaseExpired
+
+// fakeBroker is a publisher's connection to the broker, up until the test
+// sets it down.
+type fakeBroker struct {
+	mu      sync.Mutex
+	down    bool
+	changed chan struct{}
+}
+
+func newFakeBroker() *fakeBroker { return &fakeBroker{changed: make(chan struct{})} }
+
+func (b *fakeBroker) Connected() (bool, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.down, b.changed
+}
+
+// setDown loses (true) or restores (false) the connection.
+func (b *fakeBroker) setDown(down bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.down = down
+	close(b.changed)
+	b.changed = make(chan struct{})
+}

@@ -158,7 +158,7 @@ func (r *Relay) startMode(ctx context.Context) (mode Mode, reason string) {
 	case ModeBinlog:
 		return ModeBinlog, "--mode binlog"
 	}
-	if err := canal.Preflight(ctx, r.db, r.canal); err != nil {
+	if err := r.binlog.Preflight(ctx); err != nil {
 		return ModePoll, "binlog unavailable: " + err.Error()
 	}
 	return ModeBinlog, "the server serves the binlog"
@@ -253,15 +253,11 @@ func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) 
 	if _, err := r.failover.checkNotLost(pollCtx, progress.Position); err != nil {
 		return nil, err
 	}
-	publisher, err := r.newPublisher(pollCtx)
+	publisher, p, err := r.openPoll(pollCtx, leader)
 	if err != nil {
 		return nil, err
 	}
 	defer publisher.Close()
-	p, err := r.newPoller(publisher, leader)
-	if err != nil {
-		return nil, err
-	}
 	r.tailing.Store(false)
 	r.clearFailed(ctx, leader.Epoch()) // before the flag: whoever sees it sees the status cleared
 	r.polling.Store(true)
@@ -293,7 +289,7 @@ func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) 
 			}
 			return nil, err
 		case <-probe:
-			if err := canal.Preflight(pollCtx, r.db, r.canal); err != nil {
+			if err := r.binlog.Preflight(pollCtx); err != nil {
 				r.log.Debug("binlog still unavailable", zap.Error(err))
 				continue
 			}
@@ -322,7 +318,7 @@ func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) 
 // poller's context, which rolls them back) and logs how many messages they
 // had published: those will be published again. It returns the poller's
 // error, nil after a cut.
-func (r *Relay) stopRounds(ctx context.Context, pub *publish.Publisher, stop chan<- struct{}, done <-chan error, cancel context.CancelFunc) error {
+func (r *Relay) stopRounds(ctx context.Context, pub brokerLink, stop chan<- struct{}, done <-chan error, cancel context.CancelFunc) error {
 	close(stop)
 	select {
 	case err := <-done:
@@ -363,6 +359,21 @@ func (r *Relay) stopRounds(ctx context.Context, pub *publish.Publisher, stop cha
 	return nil
 }
 
+// openPolling is poll mode's openPoll: a publisher, and a poller of
+// leader's term on it.
+func (r *Relay) openPolling(ctx context.Context, leader lease) (pollPublisher, rounds, error) {
+	pub, err := r.newPublisher(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := r.newPoller(pub, leader)
+	if err != nil {
+		pub.Close()
+		return nil, nil, err
+	}
+	return pub, p, nil
+}
+
 func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 	pub, err := publish.New(ctx, publish.Config{
 		URL: r.cfg.AMQPURL, Conn: r.cfg.AMQPOptions, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
@@ -378,17 +389,17 @@ func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 		RetryRefused: true,
 		OnDial: func(node string, err error) {
 			if err == nil {
-				r.brokerDown.Store("")
+				r.state.setBrokerDown("")
 				return
 			}
 			r.cfg.Metrics.ReconnectedTo(metrics.TargetAMQP, node)
-			r.brokerDown.Store("cannot publish: " + err.Error())
+			r.state.setBrokerDown("cannot publish: " + err.Error())
 		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
-	r.pub.Store(pub)
+	r.state.setPublisher(pub)
 	return pub, nil
 }
 

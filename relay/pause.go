@@ -18,8 +18,7 @@ import (
 // for and `checkpoint set` requires.
 func (r *Relay) holdPaused(ctx context.Context, leader lease) error {
 	r.tailing.Store(false)
-	r.brokerDown.Store("") // the publisher is closed while paused
-	r.pub.Store(nil)
+	r.state.dropPublisher() // the publisher is closed while paused
 	r.mode.Store(Mode(""))
 	r.cfg.Metrics.SetMode("")
 	r.paused.Store(true)

@@ -24,19 +24,21 @@ type ticket = ordering.Ticket[position.Position]
 // pipeline is one leader term: lanes publishing on their own channels, the
 // tracker, the acker. It lives until leadership is lost, an error, or shutdown.
 type pipeline struct {
-	r         *Relay
-	leader    lease
-	store     progressStore
-	epoch     int64
-	tracker   *ordering.Tracker[position.Position]
-	lanes     *ordering.Lanes
-	queues    []chan *laneItem
-	channels  []sink
-	publisher *publish.Publisher
-	watch     *troubleWatch
-	delayed   chan struct{} // capacity 1: the stream skipped a delayed row
-	fallback  atomic.Value  // string: why binlog mode gave way to polling
-	mode      atomic.Value  // Mode stored with acknowledgements: ModePoll until the handover window closes
+	r        *Relay
+	leader   lease
+	store    progressStore
+	epoch    int64
+	tracker  *ordering.Tracker[position.Position]
+	lanes    *ordering.Lanes
+	queues   []chan *laneItem
+	channels []sink
+	broker   brokerLink                                    // the publisher's connection, which a stop watches
+	drainer  func() (drainer, error)                       // the sweep before tailing, on the run's publisher
+	sweeper  func() (delayedSweeper, time.Duration, error) // the due-time sweep and its interval, on the run's publisher
+	watch    *troubleWatch
+	delayed  chan struct{} // capacity 1: the stream skipped a delayed row
+	fallback atomic.Value  // string: why binlog mode gave way to polling
+	mode     atomic.Value  // Mode stored with acknowledgements: ModePoll until the handover window closes
 
 	ackMu       sync.Mutex
 	pendingAck  ordering.Batch[position.Position]
@@ -110,15 +112,16 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	if err != nil {
 		return nil, err
 	}
-	publisher, err := r.newPublisher(pubCtx)
+	publisher, err := r.openBinlog(pubCtx, leader)
 	if err != nil {
 		return nil, err
 	}
 	defer publisher.Close()
 
-	p := r.newPipeline(leader, publisher, cancelRead)
+	p := r.newPipeline(leader, cancelRead)
+	p.broker, p.drainer, p.sweeper = publisher, publisher.Drainer, publisher.DelayedSweeper
 	g.Go("stop-reading", cancelRead, func() error { p.stopReading(ctx, readCtx); return nil })
-	if err := p.openLanes(func(onResult func(publish.Result)) (sink, error) { return publisher.NewChannel(onResult) }); err != nil {
+	if err := p.openLanes(publisher.NewSink); err != nil {
 		return nil, err
 	}
 	p.start(&g, pubCtx)
@@ -205,10 +208,11 @@ func binlogEnd(log *zap.Logger, shuttingDown bool, fallback string, readErr, ack
 }
 
 // newPipeline is the state of one binlog mode run of leader's term;
-// cancelRead ends its reading.
-func (r *Relay) newPipeline(leader lease, pub *publish.Publisher, cancelRead context.CancelFunc) *pipeline {
+// cancelRead ends its reading. The caller sets broker, drainer and
+// sweeper from the run's publisher.
+func (r *Relay) newPipeline(leader lease, cancelRead context.CancelFunc) *pipeline {
 	p := &pipeline{
-		r: r, leader: leader, epoch: leader.Epoch(), store: r.progress, publisher: pub,
+		r: r, leader: leader, epoch: leader.Epoch(), store: r.progress,
 		tracker: ordering.New[position.Position](r.cfg.MaxInflightBytes),
 		lanes:   ordering.NewLanes(r.cfg.Lanes),
 		lastAck: time.Now(), cancelRead: cancelRead, stop: make(chan struct{}),
@@ -309,7 +313,7 @@ func (p *pipeline) stopReading(ctx, readCtx context.Context) {
 	}
 	t := time.NewTimer(p.r.cfg.ShutdownTimeout)
 	defer t.Stop()
-	timedOut, down := untilBrokerDown(p.publisher, t.C, readCtx.Done())
+	timedOut, down := untilBrokerDown(p.broker, t.C, readCtx.Done())
 	if !timedOut && !down {
 		return // reading ended at the transaction boundary
 	}
@@ -333,7 +337,7 @@ func (p *pipeline) stopReading(ctx, readCtx context.Context) {
 // untilBrokerDown waits for done or timeout, and returns early with down
 // set once pub has no connection to the broker: nothing under way can then
 // be published or confirmed, so a stop need not wait for it.
-func untilBrokerDown(pub *publish.Publisher, timeout <-chan time.Time, done <-chan struct{}) (timedOut, down bool) {
+func untilBrokerDown(pub brokerLink, timeout <-chan time.Time, done <-chan struct{}) (timedOut, down bool) {
 	for {
 		up, changed := pub.Connected()
 		if !up {
@@ -369,7 +373,7 @@ func (p *pipeline) enterSweep() bool {
 // still under way after --shutdown-timeout are cut (rolled back): that is
 // logged at WARN with how many messages they had published, which will be
 // published again, and it returns poller.ErrStopped too.
-func (p *pipeline) sweep(ctx context.Context, d *poller.Poller) (int, error) {
+func (p *pipeline) sweep(ctx context.Context, d drainer) (int, error) {
 	if !p.enterSweep() {
 		p.cancelRead()
 		return 0, poller.ErrStopped

@@ -26,7 +26,12 @@ type unitPipeline struct {
 	g         *group
 	pubCtx    context.Context
 	cancelPub context.CancelFunc
-	h         *handler
+	// readCtx is the run's reading, which the pipeline's stop ends
+	// (cancelRead).
+	readCtx    context.Context
+	cancelRead context.CancelFunc
+	broker     *fakeBroker
+	h          *handler
 }
 
 func startUnitPipeline(t *testing.T, mod func(*Config)) *unitPipeline {
@@ -39,9 +44,11 @@ func startUnitPipeline(t *testing.T, mod func(*Config)) *unitPipeline {
 		}
 	})
 	u := &unitPipeline{store: store, lease: newFakeLease(7), g: &group{}}
-	_, cancelRead := context.WithCancel(context.Background())
-	t.Cleanup(cancelRead)
-	u.p = r.newPipeline(u.lease, nil, cancelRead)
+	u.readCtx, u.cancelRead = context.WithCancel(context.Background())
+	t.Cleanup(u.cancelRead)
+	u.p = r.newPipeline(u.lease, u.cancelRead)
+	u.broker = newFakeBroker()
+	u.p.broker = u.broker
 	if err := u.p.openLanes(func(onResult func(publish.Result)) (sink, error) {
 		s := newFakeSink(onResult)
 		u.sinks = append(u.sinks, s)
@@ -95,16 +102,22 @@ func (u *unitPipeline) read(t *testing.T, n int, txns ...txn) {
 	if err := fakeSource(txns).Run(context.Background(), position.Position{}, u.h); err != nil {
 		t.Fatalf("read: %v", err)
 	}
+	u.waitPublished(t, before+n)
+}
+
+// waitPublished waits until n messages in all were published.
+func (u *unitPipeline) waitPublished(t *testing.T, n int) {
+	t.Helper()
 	deadline := time.NewTimer(5 * time.Second)
 	defer deadline.Stop()
-	for u.publishedCount() < before+n {
+	for u.publishedCount() < n {
 		select {
 		case <-u.sinks[0].sent:
 		case <-u.sinks[1].sent:
 		case <-u.sinks[2].sent:
 		case <-u.sinks[3].sent:
 		case <-deadline.C:
-			t.Fatalf("%d messages published, want %d", u.publishedCount(), before+n)
+			t.Fatalf("%d messages published, want %d", u.publishedCount(), n)
 		}
 	}
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // ConfirmStallAfter is how long the publisher may wait for the broker's
@@ -43,9 +42,12 @@ type Relay struct {
 	elector *leadership.Elector
 	// progress is store as a leader term's modes use it (the seam the
 	// unit tests fill with a fake).
-	progress progressStore
-	canal    canal.Config
-	modes    modeRunners // the modes a term runs
+	progress   progressStore
+	canal      canal.Config
+	binlog     binlogServer // what binlog mode reads: canalBinlog, on canal
+	openBinlog openBinlog   // binlog mode's publisher: openBinlogPub
+	openPoll   openPoll     // poll mode's publisher and poller: openPolling
+	modes      modeRunners  // the modes a term runs
 
 	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool  // leading in poll mode
@@ -53,15 +55,9 @@ type Relay struct {
 	mode    atomic.Value // Mode: the mode of the current term
 	backlog backlogHint  // what binlog mode knows of the backlog, for the backlog watch (backlog.go)
 
-	notReady atomic.Value // string: why the relay is not ready ("" when a healthy standby)
-	// brokerDown is the last failed dial of the current term's publisher
-	// ("" once a dial succeeded or the term ended): it makes the relay
-	// not ready even while it leads.
-	brokerDown atomic.Value // string
-	// pub is the current term's publisher (nil between terms and while
-	// paused): Ready asks it which node it is connected to and how long
-	// it has waited for confirmations.
-	pub atomic.Pointer[publish.Publisher]
+	// state is why the relay is not ready, its broker trouble and the
+	// term's publisher, for Ready and BrokerNode.
+	state supervisorState
 
 	// failover is what this process has published, kept across
 	// reconnects and leader terms, and the check that compares it with
@@ -79,10 +75,11 @@ type Relay struct {
 // connection is not failing. Otherwise it says what is wrong. No I/O:
 // /readyz calls it.
 func (r *Relay) Ready() error {
-	if msg, _ := r.brokerDown.Load().(string); msg != "" {
-		return errors.New(msg)
+	notReady, brokerDown, pub := r.state.get()
+	if brokerDown != "" {
+		return errors.New(brokerDown)
 	}
-	if pub := r.pub.Load(); pub != nil && !r.Paused() {
+	if pub != nil && !r.Paused() {
 		if wait := pub.ConfirmWait(); wait > ConfirmStallAfter {
 			return fmt.Errorf("no publisher confirms from RabbitMQ node %s for %v (a quorum queue without a majority of its nodes, "+
 				"or an overloaded broker): the messages are held, not given up, and go on when the broker confirms again",
@@ -92,8 +89,8 @@ func (r *Relay) Ready() error {
 	if r.Tailing() || r.Polling() || r.Paused() {
 		return nil
 	}
-	if msg, _ := r.notReady.Load().(string); msg != "" {
-		return errors.New(msg)
+	if notReady != "" {
+		return errors.New(notReady)
 	}
 	return nil
 }
@@ -102,7 +99,7 @@ func (r *Relay) Ready() error {
 // never with credentials) the leader's publisher is connected to, "" when
 // it is not connected or the relay does not lead. No I/O.
 func (r *Relay) BrokerNode() string {
-	if pub := r.pub.Load(); pub != nil && !r.Paused() {
+	if _, _, pub := r.state.get(); pub != nil && !r.Paused() {
 		return pub.Node()
 	}
 	return ""
@@ -166,6 +163,9 @@ func New(cfg Config) (*Relay, error) {
 	cc.ServerID, cc.Table, cc.Logger = cfg.ServerID, cfg.Table, cfg.Logger.Named("canal")
 	r := &Relay{cfg: cfg, log: cfg.Logger, db: db, store: store, elector: elector, progress: store, canal: cc}
 	r.modes = modeRunners{start: r.startMode, binlog: r.runBinlog, poll: r.runPoll}
+	r.binlog = canalBinlog{r: r}
+	r.openPoll = r.openPolling
+	r.openBinlog = r.openBinlogPub
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
 	r.canal.OwnServerID = elector.Led
@@ -196,7 +196,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	r.mode.Store(Mode(""))
-	r.notReady.Store("starting")
+	r.state.setNotReady("starting")
 	m := r.cfg.Metrics
 	row := &instanceRow{r: r}
 	defer row.remove(ctx)
@@ -215,7 +215,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, leadership.ErrHeld):
-			r.notReady.Store("")
+			r.state.setNotReady("")
 			m.SetMode("")
 			row.beat(ctx, leadership.RoleStandby)
 			// At most StandbyRetry (4/5 of the lease by default) between
@@ -239,7 +239,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		case err != nil:
 			d := retry.Next()
-			r.notReady.Store("cannot reach the database to take leadership: " + err.Error())
+			r.state.setNotReady("cannot reach the database to take leadership: " + err.Error())
 			m.Reconnected(metrics.TargetMySQL)
 			r.log.Warn("cannot take leadership, retrying", zap.Error(err), zap.Duration("in", d))
 			if !backoff.Sleep(ctx, d) {
@@ -255,15 +255,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		// Once: the leader's liveness is leader_heartbeat in the progress row.
 		row.beat(ctx, leadership.RoleLeader)
-		r.notReady.Store("leading, not yet delivering")
+		r.state.setNotReady("leading, not yet delivering")
 		m.SetLeader(true)
 		started := time.Now()
 		err = r.lead(ctx, leader)
-		r.brokerDown.Store("")
-		r.pub.Store(nil)
+		r.state.dropPublisher()
 		m.SetLeader(false)
 		m.SetMode("")
-		r.notReady.Store("leadership ended: restarting")
+		r.state.setNotReady("leadership ended: restarting")
 		if time.Since(started) > time.Minute {
 			retry.Reset() // a long healthy term: start the backoff over
 		}
@@ -308,7 +307,7 @@ func (r *Relay) preflight(ctx context.Context) error {
 		}
 	}
 	if r.cfg.Mode == ModeBinlog { // auto falls back to polling; poll needs no binlog
-		if err := canal.Preflight(ctx, r.db, r.canal); err != nil {
+		if err := r.binlog.Preflight(ctx); err != nil {
 			return &ConfigError{err}
 		}
 	}
@@ -426,7 +425,7 @@ func (r *Relay) markFailed(ctx context.Context, epoch int64, err error) {
 
 // clearFailed ends a FAILED status once a term delivers again.
 func (r *Relay) clearFailed(ctx context.Context, epoch int64) {
-	if err := r.store.ClearFailed(ctx, epoch); err != nil && ctx.Err() == nil {
+	if err := r.progress.ClearFailed(ctx, epoch); err != nil && ctx.Err() == nil {
 		r.log.Warn("status FAILED not cleared", zap.Error(err))
 	}
 }

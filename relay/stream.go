@@ -56,11 +56,11 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		// After a lossy failover accepted with --accept-lost-gtids the
 		// stored position is no reference either: the same applies.
 		p.mode.Store(ModePoll)
-		gs, err := canal.SnapshotPosition(ctx, r.db)
+		gs, err := r.binlog.SnapshotPosition(ctx)
 		if err != nil {
 			return fmt.Errorf("read the server's binlog position before the sweep: %w", err)
 		}
-		drainer, err := r.newPoller(p.publisher, p.leader)
+		drainer, err := p.drainer()
 		if err != nil {
 			return err
 		}
@@ -73,7 +73,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		if err != nil {
 			return fmt.Errorf("deliver pending rows before tailing: %w", err)
 		}
-		ge, err := canal.SnapshotPosition(ctx, r.db)
+		ge, err := r.binlog.SnapshotPosition(ctx)
 		if err != nil {
 			return fmt.Errorf("read the server's binlog position after the sweep: %w", err)
 		}
@@ -88,27 +88,24 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		}
 	} else {
 		from = stored
-		if err := canal.CheckPosition(ctx, r.db, from); err != nil {
+		if err := r.binlog.CheckPosition(ctx, from); err != nil {
 			return positionError(err)
 		}
 	}
 	r.failover.startTerm(from.Flavor)
-	cc := r.canal
-	cc.CheckServer = r.failover.checkReconnect
-	cc.OnRetry = func(err error, attempt int) {
+	src, err := r.binlog.Open(func(err error, attempt int) {
 		r.cfg.Metrics.Reconnected(metrics.TargetBinlog)
 		p.watch.onRetry(err, attempt)
-	}
-	tailer, err := canal.New(cc)
+	})
 	if err != nil {
-		return &ConfigError{err}
+		return err
 	}
 	r.clearFailed(ctx, p.epoch) // before the flag: whoever sees it sees the status cleared
 	r.tailing.Store(true)
 	// Logged after the flag: whoever reads this line sees /readyz answer 200.
 	r.log.Info("tailing the binlog", zap.String("from", from.String()))
 	defer r.tailing.Store(false)
-	err = tailer.Run(ctx, from, h)
+	err = src.Run(ctx, from, h)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}

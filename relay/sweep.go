@@ -9,7 +9,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
-	"github.com/outbox-relay/outbox-relay/poller"
 )
 
 // sweepDelayed is the due-time sweep of binlog mode (docs/operations.md, "Delayed messages"): while
@@ -19,20 +18,16 @@ import (
 // between rounds when stop closes; errors are logged and retried, except a
 // fenced round or an expired lease, which end the leader term at once.
 func (p *pipeline) sweepDelayed(ctx context.Context, stop <-chan struct{}) {
-	r := p.r
-	pl, err := r.newPoller(p.publisher, p.leader)
+	s, interval, err := p.sweeper()
 	if err == nil {
-		var s *poller.DelayedSweeper
-		if s, err = pl.NewDelayedSweeper(); err == nil {
-			defer s.Close()
-			p.runSweeper(ctx, stop, s, pl.Config().Interval)
-			return
-		}
+		defer s.Close()
+		p.runSweeper(ctx, stop, s, interval)
+		return
 	}
-	r.log.Error("due-time sweep not started; delayed rows wait for the next handover", zap.Error(err))
+	p.r.log.Error("due-time sweep not started; delayed rows wait for the next handover", zap.Error(err))
 }
 
-func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s *poller.DelayedSweeper, interval time.Duration) {
+func (p *pipeline) runSweeper(ctx context.Context, stop <-chan struct{}, s delayedSweeper, interval time.Duration) {
 	log := p.r.log.Named("delayed")
 	active, err := s.Pending(ctx)
 	if err != nil {
