@@ -215,27 +215,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, leadership.ErrHeld):
-			r.state.setNotReady("")
-			m.SetMode("")
-			row.beat(ctx, leadership.RoleStandby)
-			// At most StandbyRetry (4/5 of the lease by default) between
-			// two looks, so this standby's heartbeat in
-			// outbox_relay_instances stays inside the lease (status
-			// shows it alive).
-			d := min(r.cfg.StandbyRetry, r.cfg.LeaderLease*4/5)
-			var held *leadership.HeldError
-			if errors.As(err, &held) {
-				log := r.log.Debug
-				if held.Leader != lastLeader {
-					log, lastLeader = r.log.Info, held.Leader
-				}
-				log("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName),
-					zap.String("leader", held.Leader), zap.Duration("heartbeat_age", held.Age))
-			}
-			// The next look waits for the lock at most d, and not past
-			// the moment the leader's lease would end without another
-			// heartbeat (AcquireWithin).
-			wait = d
+			wait = r.standBy(ctx, err, row, &lastLeader)
 			continue
 		case err != nil:
 			d := retry.Next()
@@ -248,46 +228,78 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		lastLeader = ""
-		if took := leader.TookOver(); took != "" {
-			r.log.Warn("leading: "+took, zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
-		} else {
-			r.log.Info("leading", zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
-		}
-		// Once: the leader's liveness is leader_heartbeat in the progress row.
-		row.beat(ctx, leadership.RoleLeader)
-		r.state.setNotReady("leading, not yet delivering")
-		m.SetLeader(true)
-		started := time.Now()
-		err = r.lead(ctx, leader)
-		r.state.dropPublisher()
-		m.SetLeader(false)
-		m.SetMode("")
-		r.state.setNotReady("leadership ended: restarting")
-		if time.Since(started) > time.Minute {
-			retry.Reset() // a long healthy term: start the backoff over
-		}
-		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = leader.Release(releaseCtx)
-		cancel()
-		if ctx.Err() != nil {
-			if err != nil && !errors.Is(err, context.Canceled) {
-				r.log.Warn("shutdown finished with an error", zap.Error(err))
-			}
-			return nil
-		}
-		if isFatal(err) {
-			r.markFailed(ctx, leader.Epoch(), err)
+		if stop, err := r.term(ctx, leader, row, retry); stop {
 			return err
 		}
-		d := retry.Next()
-		r.log.Warn("relay pipeline stopped, restarting from the checkpoint", zap.Error(err), zap.Duration("in", d))
-		recCtx, cancelRec := context.WithTimeout(ctx, 5*time.Second)
-		_ = r.store.RecordError(recCtx, leader.Epoch(), err.Error())
-		cancelRec()
-		if !backoff.Sleep(ctx, d) {
-			return nil
-		}
 	}
+}
+
+// standBy records that another instance leads (err, an ErrHeld) and
+// returns how long the next look may wait for the lock: at most
+// StandbyRetry (4/5 of the lease by default) between two looks, so this
+// standby's heartbeat in outbox_relay_instances stays inside the lease
+// (status shows it alive), and not past the moment the leader's lease
+// would end without another heartbeat (AcquireWithin). lastLeader is the
+// leader last named at INFO.
+func (r *Relay) standBy(ctx context.Context, err error, row *instanceRow, lastLeader *string) time.Duration {
+	r.state.setNotReady("")
+	r.cfg.Metrics.SetMode("")
+	row.beat(ctx, leadership.RoleStandby)
+	var held *leadership.HeldError
+	if errors.As(err, &held) {
+		log := r.log.Debug
+		if held.Leader != *lastLeader {
+			log, *lastLeader = r.log.Info, held.Leader
+		}
+		log("standby: another instance leads this relay name", zap.String("relay", r.cfg.RelayName),
+			zap.String("leader", held.Leader), zap.Duration("heartbeat_age", held.Age))
+	}
+	return min(r.cfg.StandbyRetry, r.cfg.LeaderLease*4/5)
+}
+
+// term leads one leader term until it ends and releases leadership. stop
+// tells Run to return err: on shutdown (err nil) or a fatal error (the
+// relay is marked FAILED). Otherwise the error is recorded and term waits
+// out the retry backoff before the next look.
+func (r *Relay) term(ctx context.Context, leader *leadership.Leader, row *instanceRow, retry *backoff.Counter) (stop bool, _ error) {
+	m := r.cfg.Metrics
+	if took := leader.TookOver(); took != "" {
+		r.log.Warn("leading: "+took, zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
+	} else {
+		r.log.Info("leading", zap.String("relay", r.cfg.RelayName), zap.Int64("epoch", leader.Epoch()))
+	}
+	// Once: the leader's liveness is leader_heartbeat in the progress row.
+	row.beat(ctx, leadership.RoleLeader)
+	r.state.setNotReady("leading, not yet delivering")
+	m.SetLeader(true)
+	started := time.Now()
+	err := r.lead(ctx, leader)
+	r.state.dropPublisher()
+	m.SetLeader(false)
+	m.SetMode("")
+	r.state.setNotReady("leadership ended: restarting")
+	if time.Since(started) > time.Minute {
+		retry.Reset() // a long healthy term: start the backoff over
+	}
+	releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = leader.Release(releaseCtx)
+	cancel()
+	if ctx.Err() != nil {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			r.log.Warn("shutdown finished with an error", zap.Error(err))
+		}
+		return true, nil
+	}
+	if isFatal(err) {
+		r.markFailed(ctx, leader.Epoch(), err)
+		return true, err
+	}
+	d := retry.Next()
+	r.log.Warn("relay pipeline stopped, restarting from the checkpoint", zap.Error(err), zap.Duration("in", d))
+	recCtx, cancelRec := context.WithTimeout(ctx, 5*time.Second)
+	_ = r.store.RecordError(recCtx, leader.Epoch(), err.Error())
+	cancelRec()
+	return !backoff.Sleep(ctx, d), nil
 }
 
 // preflight checks the server once, before leadership: a server that refuses

@@ -220,34 +220,10 @@ func (b *bencher) shapeOnce(ctx context.Context, s Shape, run int, m cpuMeter, s
 		samples[mode][fig] = append(samples[mode][fig], v)
 	}
 	per10k := func(v float64) float64 { return v / float64(s.Messages) * 10_000 }
-	var bare1000, bareKeys float64
-	for i, window := range []int{1000, s.Keys} {
-		suffix := map[bool]string{false: "", true: "_keys"}[i == 1]
-		if i == 1 && window == 1000 {
-			bareKeys = bare1000 // the same measurement
-			for _, fig := range []string{"broker_cpu", "pub_cpu", "busy"} {
-				add("bare", fig+"_keys", samples["bare"][fig][len(samples["bare"][fig])-1])
-			}
-			break
-		}
-		phase := fmt.Sprintf("run %d %s: bare window %d", run, s.Name, window)
-		c0 := m.read()
-		var c1 cpuSample
-		rate, err := b.bareShape(ctx, phase, s, window, func() error { c1 = m.read(); return nil })
-		if err != nil {
-			return fmt.Errorf("%s: %w", phase, err)
-		}
-		if i == 0 {
-			bare1000 = rate
-		} else {
-			bareKeys = rate
-		}
-		add("bare", "broker_cpu"+suffix, per10k(c1.broker-c0.broker))
-		add("bare", "pub_cpu"+suffix, per10k(c1.self-c0.self))
-		add("bare", "busy"+suffix, busyPct(c0, c1))
+	bare1000, bareKeys, err := b.bareOnce(ctx, s, run, m, add, per10k)
+	if err != nil {
+		return err
 	}
-	add("bare", "w1000", bare1000)
-	add("bare", "wkeys", bareKeys)
 	type relayRun struct{ label, binary, mode string }
 	var relays []relayRun
 	for _, mode := range b.cfg.Modes {
@@ -393,4 +369,42 @@ func shapeResults(shapes []Shape, samples []map[string]map[string][]float64) []S
 		out = append(out, r)
 	}
 	return out
+}
+
+// bareOnce measures the bare publisher on shape s at window 1000 and at
+// window = keys (once when they are the same), adds their figures to the
+// "bare" samples, and returns the two rates.
+func (b *bencher) bareOnce(ctx context.Context, s Shape, run int, m cpuMeter, add func(mode, fig string, v float64),
+	per10k func(float64) float64) (bare1000, bareKeys float64, _ error) {
+	type figures struct{ rate, broker, pub, busy float64 }
+	measure := func(window int) (figures, error) {
+		phase := fmt.Sprintf("run %d %s: bare window %d", run, s.Name, window)
+		c0 := m.read()
+		var c1 cpuSample
+		rate, err := b.bareShape(ctx, phase, s, window, func() error { c1 = m.read(); return nil })
+		if err != nil {
+			return figures{}, fmt.Errorf("%s: %w", phase, err)
+		}
+		return figures{rate, per10k(c1.broker - c0.broker), per10k(c1.self - c0.self), busyPct(c0, c1)}, nil
+	}
+	w1000, err := measure(1000)
+	if err != nil {
+		return 0, 0, err
+	}
+	wkeys := w1000 // the same measurement when keys = 1000
+	if s.Keys != 1000 {
+		if wkeys, err = measure(s.Keys); err != nil {
+			return 0, 0, err
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{
+		{"w1000", w1000.rate}, {"broker_cpu", w1000.broker}, {"pub_cpu", w1000.pub}, {"busy", w1000.busy},
+		{"wkeys", wkeys.rate}, {"broker_cpu_keys", wkeys.broker}, {"pub_cpu_keys", wkeys.pub}, {"busy_keys", wkeys.busy},
+	} {
+		add("bare", f.name, f.v)
+	}
+	return w1000.rate, wkeys.rate, nil
 }
