@@ -90,6 +90,10 @@ func TestRelaySurvivesBrokerCut(t *testing.T) {
 // empty. The queue is durable and the messages persistent, so what the broker
 // confirmed before it stopped is still there after the restart.
 func TestRelaySurvivesBrokerRestart(t *testing.T) {
+	// Parallel with TestRelayOnCluster (its own relay name) and
+	// TestIdleRelayStatements (its own server): the only parallel test
+	// under the default relay name on the shared server.
+	t.Parallel()
 	const backlog, duringOutage = 20_000, 2_000
 	node := testenv.StartRabbitMQ(t)
 	b := node.Broker(t)

@@ -29,7 +29,12 @@ const clusterTotal, clusterKeys = 20_000, 200
 // nothing went to outbox_failed. The faults run one after
 // the other on one cluster (starting three nodes takes tens of seconds),
 // which is whole again before each.
+//
+// It runs in parallel with the package's other parallel tests (after the
+// serial ones), under a relay name of its own: its two minutes, mostly
+// waiting for the cluster, overlap theirs.
 func TestRelayOnCluster(t *testing.T) {
+	t.Parallel()
 	c := testenv.SharedRabbitCluster(t)
 
 	// a. The node the relay is connected to is killed (SIGKILL), and
@@ -183,6 +188,9 @@ func startClusterRun(t *testing.T, c *testenv.RabbitCluster, classicNode int, no
 	}
 	rel, _ := startRelayR(t, db, &testenv.Broker{URL: strings.Join(urls, ","), Exchange: r.b.Exchange}, func(cfg *Config) {
 		cfg.Metrics = m
+		// Its own leadership lock on the shared server: the other parallel
+		// tests run under the default relay name meanwhile.
+		cfg.RelayName = "cluster-" + db.Name
 		r.cfg = *cfg
 	})
 	r.relay = rel

@@ -22,6 +22,7 @@ import (
 // connection's wait (5 min) and the binlog retention figure (10 min) come
 // far less often than that and are not in the window.
 func TestIdleRelayStatements(t *testing.T) {
+	t.Parallel() // its own server: the statements counted are its relay's alone
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
 	ctx := testenv.Context(t, 2*time.Minute)
