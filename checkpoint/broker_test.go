@@ -1,13 +1,11 @@
 package checkpoint_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
-	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -18,19 +16,7 @@ import (
 func TestSetBroker(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	store, err := checkpoint.New(db, checkpoint.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	el, err := leadership.New(db, leadership.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader, err := el.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer leader.Release(context.WithoutCancel(ctx))
+	store, leader := leading(ctx, t, db)
 	broker := func() *operator.BrokerState {
 		t.Helper()
 		rows, err := operator.ReadStatus(ctx, db, "default", 10*time.Second)

@@ -3,12 +3,12 @@ package checkpoint_test
 import (
 	"context"
 	"database/sql"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
+	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
@@ -18,19 +18,7 @@ import (
 func TestSetModeWritesModeReason(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	store, err := checkpoint.New(db, checkpoint.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	el, err := leadership.New(db, leadership.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader, err := el.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer leader.Release(context.WithoutCancel(ctx))
+	store, leader := leading(ctx, t, db)
 	if err := store.RecordError(ctx, leader.Epoch(), "connection refused"); err != nil {
 		t.Fatal(err)
 	}
@@ -54,14 +42,25 @@ func leaderDB(ctx context.Context, t *testing.T) *sql.DB {
 	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	sep := "?"
-	if strings.Contains(db.DSN, "?") {
-		sep = "&"
-	}
-	pool, err := sql.Open("mysql", db.DSN+sep+"parseTime=true&loc=UTC&time_zone=%27%2B00%3A00%27")
+	return db.Pool(t, mysqlconn.UTC)
+}
+
+// leading is a Store of the default relay on db and the leader of its
+// (first) term, released at cleanup.
+func leading(ctx context.Context, t *testing.T, db *sql.DB) (*checkpoint.Store, *leadership.Leader) {
+	t.Helper()
+	store, err := checkpoint.New(db, checkpoint.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pool.Close() })
-	return pool
+	el, err := leadership.New(db, leadership.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader, err := el.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { leader.Release(context.WithoutCancel(ctx)) })
+	return store, leader
 }

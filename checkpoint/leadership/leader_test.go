@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
+	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
@@ -33,16 +34,7 @@ func leaderDB(ctx context.Context, t *testing.T) *sql.DB {
 	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	sep := "?"
-	if strings.Contains(db.DSN, "?") {
-		sep = "&"
-	}
-	pool, err := sql.Open("mysql", db.DSN+sep+"parseTime=true&loc=UTC&time_zone=%27%2B00%3A00%27")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Close() })
-	return pool
+	return db.Pool(t, mysqlconn.UTC)
 }
 
 // A leader whose lock connection ends stops leading at once, not at its

@@ -4,9 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"os"
-	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
@@ -21,14 +21,5 @@ func leaderDB(ctx context.Context, t *testing.T) *sql.DB {
 	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	sep := "?"
-	if strings.Contains(db.DSN, "?") {
-		sep = "&"
-	}
-	pool, err := sql.Open("mysql", db.DSN+sep+"parseTime=true&loc=UTC&time_zone=%27%2B00%3A00%27")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Close() })
-	return pool
+	return db.Pool(t, mysqlconn.UTC)
 }

@@ -26,6 +26,24 @@ type DB struct {
 	// User and Password: root without a password on private servers, the
 	// credentials of OUTBOX_TEST_MYSQL_DSN on an external one.
 	User, Password string
+
+	cfg *mysql.Config // the configuration of DSN, TLS included
+}
+
+// Pool opens another pool on the database, its configuration changed by
+// adjust first (mysqlconn.UTC: times as the relay reads them), closed at
+// cleanup.
+func (d *DB) Pool(t testing.TB, adjust func(*mysql.Config)) *sql.DB {
+	t.Helper()
+	cfg := d.cfg.Clone()
+	adjust(cfg)
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatalf("testenv: open pool on %s: %v", d.Name, err)
+	}
+	pool := sql.OpenDB(connector)
+	t.Cleanup(func() { pool.Close() })
+	return pool
 }
 
 // dropTimeout bounds the DROP DATABASE at cleanup, which waits for metadata
@@ -72,6 +90,7 @@ func createDatabase(t testing.TB, srv *Server, base *mysql.Config) *DB {
 		Port:     port,
 		User:     cfg.User,
 		Password: cfg.Passwd,
+		cfg:      cfg,
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
