@@ -50,13 +50,23 @@ func (c *Config) SetDefaults() {
 	}
 }
 
+// CheckRelayName refuses a relay name longer than the progress table's
+// relay_name column (255 bytes); the error names Config.RelayName, the
+// field of this package's Config and leadership's.
+func CheckRelayName(name string) error {
+	if len(name) > 255 {
+		return fmt.Errorf("Config.RelayName is %d bytes long: at most 255", len(name))
+	}
+	return nil
+}
+
 // Validate checks c with its defaults filled (SetDefaults); it changes
 // nothing. Errors name the Config fields.
 func (c *Config) Validate() error {
 	d := *c
 	d.SetDefaults()
-	if len(d.RelayName) > 255 {
-		return fmt.Errorf("Config.RelayName is %d bytes long: at most 255", len(d.RelayName))
+	if err := CheckRelayName(d.RelayName); err != nil {
+		return err
 	}
 	if !identRE.MatchString(d.Table) {
 		return fmt.Errorf("Config.Table %q: use letters, digits, _ and $ only (at most 64)", d.Table)

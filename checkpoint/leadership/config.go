@@ -72,8 +72,8 @@ func (c *Config) SetDefaults() {
 func (c *Config) Validate() error {
 	d := *c
 	d.SetDefaults()
-	if len(d.RelayName) > 255 {
-		return fmt.Errorf("Config.RelayName is %d bytes long: at most 255", len(d.RelayName))
+	if err := checkpoint.CheckRelayName(d.RelayName); err != nil {
+		return err
 	}
 	if d.LeaderLease < 3*d.HeartbeatInterval {
 		return fmt.Errorf("Config.LeaderLease %v is shorter than 3 heartbeat intervals (%v): a leader would lose it between two heartbeats",
