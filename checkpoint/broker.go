@@ -17,20 +17,10 @@ func (s *Store) SetBroker(ctx context.Context, epoch int64, node string, stalled
 	if stalledFor > 0 && node != "" {
 		stalledUS = stalledFor.Microseconds()
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress SET broker = ?,
+	if err := s.fencedUpdate(ctx, epoch, `UPDATE outbox_relay_progress SET broker = ?,
 		confirms_stalled_at = UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND WHERE relay_name = ? AND epoch = ?`,
-		nullIfEmpty(truncate(node, 255)), stalledUS, s.cfg.RelayName, epoch)
-	if err != nil {
+		nullIfEmpty(truncate(node, 255)), stalledUS, s.cfg.RelayName, epoch); err != nil {
 		return fmt.Errorf("record RabbitMQ node %q of relay %q: %w", node, s.cfg.RelayName, err)
-	}
-	if n, err := res.RowsAffected(); err == nil && n == 0 {
-		var cur int64
-		if err := s.db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?", s.cfg.RelayName).Scan(&cur); err != nil {
-			return fmt.Errorf("record RabbitMQ node %q of relay %q: %w", node, s.cfg.RelayName, err)
-		}
-		if cur != epoch {
-			return ErrFenced
-		}
 	}
 	return nil
 }

@@ -218,16 +218,26 @@ func truncate(s string, n int) string {
 // the poll → binlog handover is complete, so a crash in between repeats the
 // handover instead of trusting an old position.
 func (s *Store) SetMode(ctx context.Context, epoch int64, mode, reason string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE outbox_relay_progress SET mode = COALESCE(?, mode), mode_reason = ?
-		WHERE relay_name = ? AND epoch = ?`, nullIfEmpty(mode), truncate(reason, 1024), s.cfg.RelayName, epoch)
-	if err != nil {
+	if err := s.fencedUpdate(ctx, epoch, `UPDATE outbox_relay_progress SET mode = COALESCE(?, mode), mode_reason = ?
+		WHERE relay_name = ? AND epoch = ?`, nullIfEmpty(mode), truncate(reason, 1024), s.cfg.RelayName, epoch); err != nil {
 		return fmt.Errorf("record mode %q of relay %q: %w", mode, s.cfg.RelayName, err)
 	}
+	return nil
+}
+
+// fencedUpdate runs an UPDATE of the progress row guarded by "AND epoch =
+// epoch", and returns ErrFenced when it changed no row because a newer
+// leader holds the row (zero rows also means that nothing changed: the
+// epoch read back tells the two apart).
+func (s *Store) fencedUpdate(ctx context.Context, epoch int64, query string, args ...any) error {
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
 	if n, err := res.RowsAffected(); err == nil && n == 0 {
-		// Zero rows also when nothing changed; tell the two apart.
 		var cur int64
 		if err := s.db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?", s.cfg.RelayName).Scan(&cur); err != nil {
-			return fmt.Errorf("record mode %q of relay %q: %w", mode, s.cfg.RelayName, err)
+			return err
 		}
 		if cur != epoch {
 			return ErrFenced
