@@ -106,7 +106,6 @@ func (r *Relay) enterMode(ctx context.Context, leader lease, mode Mode, reason s
 		logMode = r.log.Warn
 	}
 	logMode("mode", zap.String("mode", string(mode)), zap.String("reason", reason))
-	r.mode.Store(mode)
 	r.cfg.Metrics.SetMode(string(mode))
 	if mode == ModePoll {
 		r.cfg.Metrics.SetRetentionHeadroom(math.NaN()) // no binlog position to lose

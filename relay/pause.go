@@ -19,7 +19,6 @@ import (
 func (r *Relay) holdPaused(ctx context.Context, leader lease) error {
 	r.tailing.Store(false)
 	r.state.dropPublisher() // the publisher is closed while paused
-	r.mode.Store(Mode(""))
 	r.cfg.Metrics.SetMode("")
 	r.paused.Store(true)
 	defer r.paused.Store(false)

@@ -49,11 +49,10 @@ type Relay struct {
 	openPoll   openPoll     // poll mode's publisher and poller: openPolling
 	modes      modeRunners  // the modes a term runs
 
-	tailing atomic.Bool  // leading, and reading the binlog past the first-start sweep
-	polling atomic.Bool  // leading in poll mode
-	paused  atomic.Bool  // leading a relay an operator paused, stopped
-	mode    atomic.Value // Mode: the mode of the current term
-	backlog backlogHint  // what binlog mode knows of the backlog, for the backlog watch (backlog.go)
+	tailing atomic.Bool // leading, and reading the binlog past the first-start sweep
+	polling atomic.Bool // leading in poll mode
+	paused  atomic.Bool // leading a relay an operator paused, stopped
+	backlog backlogHint // what binlog mode knows of the backlog, for the backlog watch (backlog.go)
 
 	// state is why the relay is not ready, its broker trouble and the
 	// term's publisher, for Ready and BrokerNode.
@@ -195,7 +194,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.markFailed(ctx, 0, err)
 		return err
 	}
-	r.mode.Store(Mode(""))
 	r.state.setNotReady("starting")
 	m := r.cfg.Metrics
 	row := &instanceRow{r: r}
