@@ -48,7 +48,9 @@ type Config struct {
 	// commits, at most Interval.
 	Interval time.Duration
 	// Batch (--poll-batch, default 500) is the most rows one worker claims,
-	// publishes and acknowledges in one database transaction.
+	// publishes and acknowledges in one database transaction; a round over
+	// fewer than Batch/4 partitions may take up to 4 × Batch, within 16 MiB
+	// past the first Batch (doc.go, step 4).
 	Batch int
 	// Workers (--poll-workers, default 2) is how many rounds run at once,
 	// each worker on its own database transaction and AMQP channel.

@@ -30,7 +30,14 @@
 //     most an equal share of the room per partition, so a hot partition
 //     moves a batch per round, not a row, and a round's rows spread over
 //     its partitions (their rows reach the broker one confirm after another
-//     per key).
+//     per key). A round over fewer than Batch/4 partitions, once the
+//     listings have settled (the last found no partition new to them),
+//     takes up to 4 × Batch rows: the claim and the commit, when none of
+//     those partitions has a message on the wire, come once per four
+//     batches. Past its first Batch rows it locks another Batch of them
+//     only while that many, at the average size of the rows it holds, keep
+//     it within 16 MiB (a round of Batch rows has no byte bound). With more heads than room, only the oldest heads get a
+//     follower (one index dive each).
 //  5. Publish the claimed rows in id order on the worker's channel
 //     (publish.FromRecord with the poller's epoch), then Flush: wait until
 //     every message has its Result.

@@ -422,7 +422,11 @@ func (c *cursor) get() (key string, known []string) {
 	return c.key, c.known
 }
 
-func (c *cursor) set(key string, known []string, max int) {
+// set records a listing's cursor and partitions. It reports whether the
+// listing found no partition the previous one had not seen (and fewer
+// than max): the rounds then know every partition a listing shows, and
+// a round over few of them may go deeper (round).
+func (c *cursor) set(key string, known []string, max int) (settled bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.key = key
@@ -430,10 +434,18 @@ func (c *cursor) set(key string, known []string, max int) {
 		// The listing alone finds a batch of partitions: looking up
 		// more would cost the database and add nothing.
 		c.known = nil
-		return
+		return false
 	}
 	slices.Sort(known)
+	settled = len(c.known) > 0
+	for _, k := range known {
+		if _, ok := slices.BinarySearch(c.known, k); !ok {
+			settled = false
+			break
+		}
+	}
 	c.known = known
+	return settled
 }
 
 // commits lets the workers of one Run or Drain wait for each other: a
@@ -480,7 +492,7 @@ func waitCommit(ctx context.Context, commit <-chan struct{}, d time.Duration) bo
 // them all up. It reads from the shared cursor on, and from the start
 // again if that finds nothing, so an empty result means no pending due row
 // (up to maxID) at all.
-func (w *worker) candidates(ctx context.Context, cur *cursor, maxID uint64) ([]uint64, error) {
+func (w *worker) candidates(ctx context.Context, cur *cursor, maxID uint64) (ids []uint64, settled bool, err error) {
 	p := w.p
 	limit := p.cfg.Batch * (p.cfg.Workers + 1)
 	for {
@@ -489,16 +501,16 @@ func (w *worker) candidates(ctx context.Context, cur *cursor, maxID uint64) ([]u
 		cands, err := readCandidates(ctx, p.db, q, args...)
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1176 {
-			return nil, fmt.Errorf("find pending rows of %s: the table lacks an index the poller needs "+
+			return nil, false, fmt.Errorf("find pending rows of %s: the table lacks an index the poller needs "+
 				"(idx_head, idx_partition_id, idx_due of migrations/sql/0001_outbox.sql): %w", p.cfg.Table, err)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("find pending rows of %s: %w", p.cfg.Table, err)
+			return nil, false, fmt.Errorf("find pending rows of %s: %w", p.cfg.Table, err)
 		}
 		ids, next, keys := heads(cands, limit)
-		cur.set(next, keys, p.cfg.Batch)
+		settled = cur.set(next, keys, p.cfg.Batch)
 		if len(ids) > 0 || from == "" {
-			return ids, nil
+			return ids, settled, nil
 		}
 	}
 }
@@ -510,7 +522,7 @@ func (w *worker) candidates(ctx context.Context, cur *cursor, maxID uint64) ([]u
 func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked int, found bool, err error) {
 	p := w.p
 	t0 := time.Now()
-	ids, err := w.candidates(ctx, cur, maxID)
+	ids, settled, err := w.candidates(ctx, cur, maxID)
 	if err != nil {
 		return 0, false, err
 	}
@@ -533,36 +545,10 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 		}
 	}()
 
-	recs, err := claim(ctx, tx, p.q, ids, p.cfg.Batch)
-	if err != nil {
-		return 0, true, fmt.Errorf("claim partition heads in %s: %w", p.cfg.Table, err)
+	recs, err := w.claimRows(ctx, tx, ids, settled, maxID)
+	if err != nil || len(recs) == 0 {
+		return 0, true, err // none: every candidate is held by someone else
 	}
-	if len(recs) == 0 {
-		return 0, true, nil // every candidate is held by someone else
-	}
-	var claimedHeads []*outbox.Record
-	for _, r := range recs {
-		if r.PartitionKey != "" {
-			claimedHeads = append(claimedHeads, r)
-		}
-	}
-	if room := p.cfg.Batch - len(recs); room > 0 && len(claimedHeads) > 0 {
-		more, err := followers(ctx, tx, p.q, claimedHeads, room, maxID)
-		if err != nil {
-			return 0, true, fmt.Errorf("claim the following rows of %d partitions in %s: %w",
-				len(claimedHeads), p.cfg.Table, err)
-		}
-		recs = append(recs, more...)
-	}
-	slices.SortFunc(recs, func(a, b *outbox.Record) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
 
 	// Claimed, nothing published yet: a leader whose lease has expired
 	// meanwhile rolls the round back.
@@ -600,6 +586,107 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 	w.log.Debug("poll round committed", zap.Int("rows", len(recs)), zap.Int("partitions", partitions(recs)), zap.Int("failed", len(failed)),
 		zap.Duration("claim", t1.Sub(t0)), zap.Duration("publish", t2.Sub(t1)), zap.Duration("ack", t3.Sub(t2)))
 	return len(recs), true, nil
+}
+
+// Deep rounds: a round over fewer than Batch/deepRounds partitions takes
+// up to deepRounds*Batch rows, when the listings have settled (the last
+// one found no partition new to them, so few partitions means few in the
+// backlog, not few seen yet). A few partitions' rows go out one confirm
+// after another per partition; a deeper round spends its claim and commit
+// (during which no message of those partitions is on the wire) on up to
+// deepRounds times as many. Past its first Batch rows it takes another
+// Batch only while that many, at the average size of the rows it holds,
+// keep it within deepBytes.
+const (
+	deepRounds = 4
+	deepBytes  = 16 << 20
+)
+
+// depth is how many rows a round over heads may hold in all.
+func (w *worker) depth(heads []*outbox.Record, settled bool) int {
+	if batch := w.p.cfg.Batch; !settled || len(heads)*deepRounds >= batch {
+		return batch
+	}
+	return deepRounds * w.p.cfg.Batch
+}
+
+// claimRows locks the round's rows in tx: up to Batch of the candidate
+// ids (the partitions' heads, oldest first), then as many of their
+// partitions' following rows as the round's depth leaves room for. The
+// rows come back in id order; none when another transaction holds every
+// candidate.
+func (w *worker) claimRows(ctx context.Context, tx *sql.Tx, ids []uint64, settled bool, maxID uint64) ([]*outbox.Record, error) {
+	p := w.p
+	recs, err := claim(ctx, tx, p.q, ids, p.cfg.Batch)
+	if err != nil {
+		return nil, fmt.Errorf("claim partition heads in %s: %w", p.cfg.Table, err)
+	}
+	var heads []*outbox.Record
+	for _, r := range recs {
+		if r.PartitionKey != "" {
+			heads = append(heads, r)
+		}
+	}
+	depth := w.depth(heads, settled)
+	if room := depth - len(recs); room > 0 && len(heads) > 0 {
+		// One index dive per listed head: with more heads than room
+		// (a round over many short partitions), the oldest room heads
+		// give a follower each at most; the others' followers become
+		// heads of a later round.
+		named := heads[:min(len(heads), room)]
+		lock := lockAll
+		if depth > p.cfg.Batch {
+			lock = w.lockWithin(recs)
+		}
+		more, err := followers(ctx, tx, p.q, named, room, maxID, lock)
+		if err != nil {
+			return nil, fmt.Errorf("claim the following rows of %d partitions in %s: %w", len(named), p.cfg.Table, err)
+		}
+		recs = append(recs, more...)
+	}
+	slices.SortFunc(recs, func(a, b *outbox.Record) int { return cmp.Compare(a.ID, b.ID) })
+	return recs, nil
+}
+
+// locker locks the listed ids (sorted) of a round's followers, oldest
+// first, and returns the rows it locked; it may stop before the last id:
+// the rows it did not lock are a gap the round's partitions end at.
+type locker func(ctx context.Context, tx *sql.Tx, q queries, ids []uint64) ([]*outbox.Record, error)
+
+// lockAll locks every listed id.
+func lockAll(ctx context.Context, tx *sql.Tx, q queries, ids []uint64) ([]*outbox.Record, error) {
+	return claim(ctx, tx, q, ids, len(ids))
+}
+
+// lockWithin is a deep round's locker: the ids that fill the round (held,
+// its heads) to a batch, then a batch of ids at a time while the round,
+// at the average size of the rows it holds, stays within deepBytes.
+func (w *worker) lockWithin(held []*outbox.Record) locker {
+	batch := w.p.cfg.Batch
+	return func(ctx context.Context, tx *sql.Tx, q queries, ids []uint64) ([]*outbox.Record, error) {
+		n, size := len(held), 0
+		for _, r := range held {
+			size += r.Size()
+		}
+		var locked []*outbox.Record
+		for step := max(batch-n, 1); len(ids) > 0; step = batch {
+			if n >= batch && size/n > (deepBytes-size)/batch {
+				break
+			}
+			chunk := ids[:min(len(ids), step)]
+			ids = ids[len(chunk):]
+			got, err := claim(ctx, tx, q, chunk, len(chunk))
+			if err != nil {
+				return nil, err
+			}
+			for _, r := range got {
+				size += r.Size()
+			}
+			n += len(got)
+			locked = append(locked, got...)
+		}
+		return locked, nil
+	}
 }
 
 // partitions is how many distinct non-empty partition keys recs have.
@@ -640,13 +727,14 @@ func claim(ctx context.Context, tx *sql.Tx, q queries, ids []uint64, limit int) 
 }
 
 // followers claims up to limit pending due rows that follow the heads in
-// their partitions: it lists them without locks, locks them by primary key,
-// and keeps of each partition the rows up to the first one it could not
-// lock, so a partition's rows go out without a gap. (No other round can
-// hold a row of a partition whose head this round holds, so a gap means a
-// foreign lock; the rows after it stay locked, unpublished, until commit,
-// and a later round takes them.)
-func followers(ctx context.Context, tx *sql.Tx, q queries, heads []*outbox.Record, limit int, maxID uint64) ([]*outbox.Record, error) {
+// their partitions: it lists them without locks, locks them by primary key
+// with lock, and keeps of each partition the rows up to the first one it
+// could not lock (or lock left unlocked), so a partition's rows go out
+// without a gap. (No other round can hold a row of a partition whose head
+// this round holds, so a gap means a foreign lock or lock's stop; the rows
+// after it that were locked stay locked, unpublished, until commit, and a
+// later round takes them.)
+func followers(ctx context.Context, tx *sql.Tx, q queries, heads []*outbox.Record, limit int, maxID uint64, lock locker) ([]*outbox.Record, error) {
 	query, args := q.followers(heads, limit, maxID)
 	listed, err := readCandidates(ctx, tx, query, args...)
 	if err != nil || len(listed) == 0 {
@@ -657,7 +745,7 @@ func followers(ctx context.Context, tx *sql.Tx, q queries, heads []*outbox.Recor
 		ids[i] = c.id
 	}
 	slices.Sort(ids)
-	locked, err := claim(ctx, tx, q, ids, len(ids))
+	locked, err := lock(ctx, tx, q, ids)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package poller_test
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -130,4 +132,80 @@ func TestRoundsComeToSpanBulkPartitions(t *testing.T) {
 	if widest < partitions*3/4 {
 		t.Fatalf("the widest round spans %d partitions, want at least %d of %d (partitions per round: %v)", widest, partitions*3/4, partitions, spans)
 	}
+}
+
+// A backlog of few partitions (fewer than a quarter of a batch), each
+// deep: once the listings have settled on them, a round takes up to four
+// batches of their rows (the claim and the commit, during which none of
+// them is on the wire, then come once per four batches), and every message
+// still arrives once, in order per partition.
+func TestFewPartitionsMakeDeeperRounds(t *testing.T) {
+	for _, mode := range []string{checkpoint.Delete, checkpoint.Mark} {
+		t.Run(mode, func(t *testing.T) {
+			const batch, total = 50, 3000
+			e := setup(t, mode)
+			v := consume(t, e.broker)
+			ctx := testenv.Context(t, 2*time.Minute)
+			produce(ctx, t, e, v, load{producers: 4, partitions: 6, total: total, bigTxn: 100, bigShare: 0.5})
+			core, logs := observer.New(zap.DebugLevel)
+			p := e.poller(t, func(c *poller.Config) { c.Batch = batch; c.Logger = zap.New(core) })
+			if n, err := p.Drain(ctx); err != nil || n != total {
+				t.Fatalf("Drain: %d rows, %v; want %d", n, err, total)
+			}
+			if err := v.WaitComplete(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := v.Check(validator.ExactlyOnce); err != nil {
+				t.Fatal(err)
+			}
+			rows := roundRows(logs)
+			if deepest := slices.Max(rows); deepest <= batch || deepest > 4*batch {
+				t.Fatalf("the deepest round holds %d rows, want more than the batch (%d) and at most 4 batches (rows per round: %v)", deepest, batch, rows)
+			}
+		})
+	}
+}
+
+// Deeper rounds stay within their memory bound, measured on the rows they
+// take, not on their heads: one partition of 41 rows of 1 KiB, then 200 of
+// 150 KiB. The first round (40 rows; the listings have not settled yet)
+// leaves a 1 KiB head to the second, whose followers are all big: a round of
+// a batch holds about 6 MiB of them, and a deeper round takes another batch
+// only while that batch, at the average size of the rows it holds, keeps it
+// within 16 MiB (priced at its 1 KiB head, it would take 160 rows: 23 MiB).
+func TestDeepRoundsStayWithin16MiB(t *testing.T) {
+	const batch, depth, big = 40, 200, 150 << 10
+	e := setup(t, checkpoint.Delete)
+	ctx := testenv.Context(t, 2*time.Minute)
+	if _, err := e.pool.ExecContext(ctx, `INSERT INTO outbox (message_id, partition_key, routing_key, payload)
+		SELECT UNHEX(REPLACE(UUID(), '-', '')), 'p', 'bulk', REPEAT('h', 1024) FROM seq_1_to_41`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.ExecContext(ctx, `INSERT INTO outbox (message_id, partition_key, routing_key, payload)
+		SELECT UNHEX(REPLACE(UUID(), '-', '')), 'p', 'bulk', REPEAT('x', ?) FROM seq_1_to_`+strconv.Itoa(depth), big); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.DebugLevel)
+	p := e.poller(t, func(c *poller.Config) { c.Workers = 1; c.Batch = batch; c.Logger = zap.New(core) })
+	if n, err := p.Drain(ctx); err != nil || n != depth+41 {
+		t.Fatalf("Drain: %d rows, %v; want %d", n, err, depth+41)
+	}
+	rows := roundRows(logs)
+	t.Logf("rows per round: %v", rows)
+	if deepest := slices.Max(rows); deepest <= batch || deepest*big > 16<<20 {
+		t.Fatalf("the deepest round holds %d rows of 150 KiB (%d MiB), want more than a batch (%d) and at most 16 MiB: rows per round %v",
+			deepest, deepest*big>>20, batch, rows)
+	}
+}
+
+// roundRows is the rows of each committed round, from the poller's debug log.
+func roundRows(logs *observer.ObservedLogs) []int64 {
+	var rows []int64
+	for _, entry := range logs.FilterMessage("poll round committed").All() {
+		rows = append(rows, entry.ContextMap()["rows"].(int64))
+	}
+	if len(rows) == 0 {
+		rows = append(rows, 0)
+	}
+	return rows
 }
