@@ -134,7 +134,8 @@ func (p *FaultProxy) Disable() {
 	defer p.mu.Unlock()
 	_ = ln.Close()
 	if !p.closed {
-		h, err := holdPort(p.addr)
+		var h *portHold
+		err := retryInUse(func() (err error) { h, err = holdPort(p.addr); return err })
 		if err != nil {
 			p.t.Logf("testenv: proxy %s: keep the port while disabled: %v", p.addr, err)
 		}
@@ -153,7 +154,8 @@ func (p *FaultProxy) Enable() {
 	}
 	p.held.release()
 	p.held = nil
-	ln, err := net.Listen("tcp", p.addr)
+	var ln net.Listener
+	err := retryInUse(func() (err error) { ln, err = net.Listen("tcp", p.addr); return err })
 	if err != nil {
 		p.t.Errorf("testenv: re-enable proxy on %s: %v", p.addr, err)
 		return
@@ -357,6 +359,25 @@ func holdPort(addr string) (*portHold, error) {
 	}
 	return h, err
 }
+
+// retryInUse calls bind until it returns anything but EADDRINUSE, for at
+// most inUseWait. A socket closed a moment ago can still hold its port: a
+// process forked by another test (a server starting) holds a copy of every
+// descriptor until it execs, close-on-exec ones included, so the proxy's
+// listener (or hold) stays bound until then.
+func retryInUse(bind func() error) error {
+	deadline := time.Now().Add(inUseWait)
+	for {
+		err := bind()
+		if !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// inUseWait bounds retryInUse.
+const inUseWait = 2 * time.Second
 
 // release closes the socket; a nil hold is a no-op.
 func (h *portHold) release() {

@@ -3,6 +3,7 @@ package testenv_test
 import (
 	"database/sql"
 	"net"
+	"os/exec"
 	"strconv"
 	"testing"
 	"time"
@@ -136,5 +137,40 @@ func TestProxyStall(t *testing.T) {
 	}
 	if got := scalar(t, pool, "SELECT 1"); got != "1" {
 		t.Fatalf("after Unstall: %q", got)
+	}
+}
+
+// Disable refuses connections and Enable accepts them again while other
+// tests start processes: a forked child holds a copy of the proxy's
+// listening socket until it execs, so the port can stay bound a moment
+// after the proxy closed it.
+func TestProxyDisableWhileProcessesStart(t *testing.T) {
+	p := testenv.Proxy(t, "127.0.0.1:1") // nothing is proxied: only the port matters
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = exec.Command("true").Run()
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for i := range 100 {
+		p.Disable()
+		if c, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
+			c.Close()
+			t.Fatalf("round %d: Disable: proxy still accepts connections", i)
+		}
+		p.Enable()
+		c, err := net.DialTimeout("tcp", p.Addr(), time.Second)
+		if err != nil {
+			t.Fatalf("round %d: Enable: %v", i, err)
+		}
+		c.Close()
 	}
 }
