@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/position"
 )
@@ -35,9 +34,7 @@ func testCtx(t testing.TB) context.Context {
 func setupOutbox(t testing.TB, db *testenv.DB) {
 	t.Helper()
 	ctx := testCtx(t)
-	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrations.Apply: %v", err)
-	}
+	db.Migrate(ctx, t)
 	if _, err := db.SQL.ExecContext(ctx, "CREATE TABLE other (id INT AUTO_INCREMENT PRIMARY KEY, v VARCHAR(50)) ENGINE=InnoDB"); err != nil {
 		t.Fatal(err)
 	}

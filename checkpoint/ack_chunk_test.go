@@ -15,7 +15,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/ordering"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/position"
@@ -32,9 +31,7 @@ type ackEnv struct {
 func newAckEnv(ctx context.Context, t *testing.T) *ackEnv {
 	t.Helper()
 	db := testenv.MySQL(t)
-	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	db.Migrate(ctx, t)
 	cfg, err := mysql.ParseDSN(db.DSN)
 	if err != nil {
 		t.Fatal(err)

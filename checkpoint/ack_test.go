@@ -10,7 +10,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/ordering"
 )
 
@@ -26,9 +25,7 @@ func TestAckRowsLocksOnlyItsRowsWhenStatisticsSayEmpty(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			ctx := testenv.Context(t, time.Minute)
 			db := testenv.MySQL(t)
-			if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-				t.Fatalf("migrate: %v", err)
-			}
+			db.Migrate(ctx, t)
 			mustExec(ctx, t, db.SQL, "INSERT INTO outbox (message_id, routing_key, payload) "+
 				"SELECT UNHEX(REPLACE(UUID(), '-', '')), 'rk', 'x' FROM seq_1_to_300")
 			var lo uint64

@@ -10,7 +10,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // SetMode writes why the relay is in its mode to mode_reason; last_error
@@ -38,11 +37,7 @@ func TestSetModeWritesModeReason(t *testing.T) {
 // relay's does.
 func leaderDB(ctx context.Context, t *testing.T) *sql.DB {
 	t.Helper()
-	db := testenv.MySQL(t)
-	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	return db.Pool(t, mysqlconn.UTC)
+	return testenv.MySQL(t).Migrate(ctx, t).Pool(t, mysqlconn.UTC)
 }
 
 // leading is a Store of the default relay on db and the leader of its

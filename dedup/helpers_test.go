@@ -17,7 +17,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/dedup"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -30,9 +29,7 @@ func schemaDB(t testing.TB) *testenv.DB {
 	db := testenv.MySQL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	db.Migrate(ctx, t)
 	if _, err := db.SQL.ExecContext(ctx, `CREATE TABLE effects (
 		id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
 		message_id BINARY(16) NOT NULL,

@@ -13,7 +13,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/maintenance"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // TestMeasureCleanupProducerLatency measures what a cleanup of delivered
@@ -42,9 +41,7 @@ func TestMeasureCleanupProducerLatency(t *testing.T) {
 	}
 	db := testenv.MySQL(t)
 	ctx := testenv.Context(t, 30*time.Minute)
-	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	db.Migrate(ctx, t)
 	fill := func() {
 		began := time.Now()
 		for done := 0; done < rows; done += 100_000 {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // An idle relay sends at most one statement per heartbeat interval to the
@@ -26,9 +25,7 @@ func TestIdleRelayStatements(t *testing.T) {
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
 	ctx := testenv.Context(t, 2*time.Minute)
-	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	db.Migrate(ctx, t)
 	b := testenv.RabbitMQ(t)
 	const (
 		heartbeat = 250 * time.Millisecond

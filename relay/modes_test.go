@@ -12,7 +12,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // modes records the modes a relay entered, in order.
@@ -146,9 +145,7 @@ func TestBinlogOffPolls(t *testing.T) {
 	srv := testenv.StartServer(t, testenv.ServerOptions{NoBinlog: true})
 	db := srv.CreateDatabase(t)
 	ctx := testenv.Context(t, 2*time.Minute)
-	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	db.Migrate(ctx, t)
 	b := testenv.RabbitMQ(t)
 	v := consume(t, b, b.Queue)
 	m := newModes()

@@ -17,11 +17,7 @@ func TestBeatInstance(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
 	elector := func(relay, instance string) *leadership.Elector {
-		s, err := leadership.New(db, leadership.Config{RelayName: relay, Instance: instance})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return newElector(t, db, leadership.Config{RelayName: relay, Instance: instance})
 	}
 	a, b := elector("r1", "host-a:1"), elector("r1", "host-b:2")
 	exec := func(q string, args ...any) {

@@ -14,7 +14,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -30,11 +29,7 @@ func mustExec(ctx context.Context, t *testing.T, db *sql.DB, q string) {
 // relay's does.
 func leaderDB(ctx context.Context, t *testing.T) *sql.DB {
 	t.Helper()
-	db := testenv.MySQL(t)
-	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	return db.Pool(t, mysqlconn.UTC)
+	return testenv.MySQL(t).Migrate(ctx, t).Pool(t, mysqlconn.UTC)
 }
 
 // A leader whose lock connection ends stops leading at once, not at its
@@ -44,10 +39,7 @@ func TestLeaderNoticesLostLockConnectionAtOnce(t *testing.T) {
 	db := leaderDB(ctx, t)
 	// A heartbeat a minute apart: noticing the loss within the bounded
 	// wait below can only come from watching the connection.
-	el, err := leadership.New(db, leadership.Config{HeartbeatInterval: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	el := newElector(t, db, leadership.Config{HeartbeatInterval: time.Minute})
 	leader, err := el.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -82,10 +74,7 @@ func TestAcquireTakesOverStaleLeader(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
 	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 2 * time.Second, Instance: "new"}
-	el, err := leadership.New(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	el := newElector(t, db, cfg)
 	if err := checkpoint.EnsureRow(ctx, db, "default"); err != nil {
 		t.Fatal(err)
 	}
@@ -233,20 +222,14 @@ func TestAcquireWaitsOutTheLeaseOfAFreeLock(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
 	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 3 * time.Second, Instance: "new"}
-	el, err := leadership.New(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	el := newElector(t, db, cfg)
 	oldEpoch, hb := freeLockOf(ctx, t, db, "old")
 
 	res := acquireAsync(ctx, el)
 	waitEpoch(ctx, t, db, oldEpoch+1)
 	other := cfg
 	other.Instance = "other"
-	otherEl, err := leadership.New(db, other)
-	if err != nil {
-		t.Fatal(err)
-	}
+	otherEl := newElector(t, db, other)
 	if _, err := otherEl.Acquire(ctx); !errors.Is(err, leadership.ErrHeld) {
 		t.Errorf("another standby's Acquire while the new leader waits: %v, want ErrHeld", err)
 	}
@@ -275,10 +258,7 @@ func TestAcquireWaitEndsWithTheContext(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
 	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "new"}
-	el, err := leadership.New(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	el := newElector(t, db, cfg)
 	oldEpoch, _ := freeLockOf(ctx, t, db, "old")
 	actx, cancel := context.WithCancel(ctx)
 	res := acquireAsync(actx, el)
@@ -309,15 +289,9 @@ func TestAcquireAfterReleaseDoesNotWait(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
 	cfg := leadership.Config{HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 30 * time.Second, Instance: "a"}
-	a, err := leadership.New(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newElector(t, db, cfg)
 	cfg.Instance = "b"
-	b, err := leadership.New(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newElector(t, db, cfg)
 	for _, step := range []struct {
 		first, next *leadership.Elector
 		unclear     bool
@@ -349,4 +323,14 @@ func TestAcquireAfterReleaseDoesNotWait(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// newElector is leadership.New on db with cfg, failing the test on error.
+func newElector(t *testing.T, db *sql.DB, cfg leadership.Config) *leadership.Elector {
+	t.Helper()
+	el, err := leadership.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return el
 }

@@ -16,10 +16,7 @@ import (
 func TestReleaseClearsLeaderInstance(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := leaderDB(ctx, t)
-	el, err := leadership.New(db, leadership.Config{Instance: "host-a:1"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	el := newElector(t, db, leadership.Config{Instance: "host-a:1"})
 	store, err := checkpoint.New(db, checkpoint.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -17,9 +16,5 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 // relay's does.
 func leaderDB(ctx context.Context, t *testing.T) *sql.DB {
 	t.Helper()
-	db := testenv.MySQL(t)
-	if _, err := migrations.Apply(ctx, db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	return db.Pool(t, mysqlconn.UTC)
+	return testenv.MySQL(t).Migrate(ctx, t).Pool(t, mysqlconn.UTC)
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // DB is a fresh, empty database (utf8mb4, utf8mb4_unicode_ci) for one test,
@@ -28,6 +30,17 @@ type DB struct {
 	User, Password string
 
 	cfg *mysql.Config // the configuration of DSN, TLS included
+}
+
+// Migrate applies the project's migrations with their defaults (the outbox
+// table and the relay's own tables) to the database, failing the test when
+// they fail, and returns d.
+func (d *DB) Migrate(ctx context.Context, t testing.TB) *DB {
+	t.Helper()
+	if _, err := migrations.Apply(ctx, d.SQL, migrations.Options{}); err != nil {
+		t.Fatalf("testenv: migrate %s: %v", d.Name, err)
+	}
+	return d
 }
 
 // Pool opens another pool on the database, its configuration changed by
