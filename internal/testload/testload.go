@@ -34,9 +34,14 @@ type Load struct {
 	// NoKey writes every row with partition_key '' (no ordering
 	// constraint); Partitions is then ignored.
 	NoKey bool
+	// Until, when not nil, keeps each producer writing past its share of
+	// Total until it is closed: a load that outlasts faults of unknown
+	// length (with a Pace, or it floods the table). Total is then the
+	// least that is written.
+	Until <-chan struct{}
 }
 
-// Produce writes l.Total messages from l.Producers goroutines into the outbox
+// Produce writes l.Total messages (at least, with l.Until) from l.Producers goroutines into the outbox
 // table of db and fails the test on error; v, when not nil, is told each
 // committed message. Partition p belongs to producer
 // p % Producers, so each partition's commit order is its producer's order,
@@ -73,10 +78,13 @@ func Run(ctx context.Context, db *sql.DB, v *validator.Validator, l Load) error 
 				}
 			}
 			seq := 0
-			for seq < per {
+			for seq < per || l.more() {
 				n := 1
 				if RandN(1000) < int(l.BigShare*1000) {
-					n = min(l.BigTxn, per-seq)
+					n = l.BigTxn
+					if seq < per {
+						n = min(n, per-seq)
+					}
 				}
 				exp, err := writeTxn(ctx, db, l, w, mine, seq, n)
 				if err != nil {
@@ -101,6 +109,20 @@ func Run(ctx context.Context, db *sql.DB, v *validator.Validator, l Load) error 
 	wg.Wait()
 	close(errs)
 	return <-errs // nil when closed without errors
+}
+
+// more says whether a producer that wrote its share goes on: until Until
+// is closed.
+func (l Load) more() bool {
+	if l.Until == nil {
+		return false
+	}
+	select {
+	case <-l.Until:
+		return false
+	default:
+		return true
+	}
 }
 
 func writeTxn(ctx context.Context, db *sql.DB, l Load, w int, parts []string, seq, n int) ([]validator.Expected, error) {

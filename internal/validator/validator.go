@@ -131,13 +131,14 @@ func (v *Validator) WaitComplete(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%d of %d expected messages never arrived (%d deliveries): %w",
-				missing, v.expectedCount(), v.Received(), ctx.Err())
+				missing, v.ExpectedCount(), v.Received(), ctx.Err())
 		case <-t.C:
 		}
 	}
 }
 
-func (v *Validator) expectedCount() int {
+// ExpectedCount is how many messages the validator was told to expect.
+func (v *Validator) ExpectedCount() int {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return len(v.expected)
