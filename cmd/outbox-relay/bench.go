@@ -24,7 +24,8 @@ latency at the same rate just before it);
 catch-up msg/s on a --backlog of --payload-bytes messages and its ratio to a bare
 amqp091 publisher with the same confirm window to the same queue, measured twice:
 into the queue with no consumer attached (until the queue holds every message,
-which are then consumed and checked), and to a consumer draining the queue;
+which are then consumed and checked: each must arrive, and deliveries that
+repeated a message are counted), and to a consumer draining the queue;
 database queries per second while idle; relay CPU seconds and peak RSS. Then the
 catch-up --shapes (keys1000: 1,000 keys in transactions of 1-5 rows of one key;
 bulk100: 100 keys in transactions of 1-100 rows; keys10: 10 keys; hotkey: one key,

@@ -177,7 +177,9 @@ func TestRunReadyzFollowsTheDatabase(t *testing.T) {
 }
 
 // The bench in its short mode: the JSON parses and every figure of both
-// modes is present and non-zero, and so is each catch-up shape's.
+// modes is present and non-zero, and so is each catch-up shape's; each
+// catch-up's count of repeated deliveries is present and zero (no fault,
+// no repeat).
 func TestBenchShortModeJSON(t *testing.T) {
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
@@ -223,6 +225,11 @@ func TestBenchShortModeJSON(t *testing.T) {
 				}
 			}
 		}
+		for _, f := range []string{"catch_up_repeats", "catch_up_live_consumer_repeats"} {
+			if r, ok := m[f]["max"]; !ok || r != 0 {
+				t.Errorf("%s %s = %v, want present and 0", mode, f, m[f])
+			}
+		}
 	}
 	if len(res.Shapes) != 4 {
 		t.Fatalf("bench JSON has %d shapes, want keys1000, bulk100, keys10, hotkey:\n%s", len(res.Shapes), out)
@@ -236,6 +243,9 @@ func TestBenchShortModeJSON(t *testing.T) {
 				if v := s.Modes[mode][f]["median"]; v <= 0 {
 					t.Errorf("shape %s %s %s = %v, want a positive figure", s.Shape, mode, f, v)
 				}
+			}
+			if r, ok := s.Modes[mode]["repeats"]["max"]; !ok || r != 0 {
+				t.Errorf("shape %s %s repeats = %v, want present and 0", s.Shape, mode, s.Modes[mode]["repeats"])
 			}
 		}
 	}

@@ -137,9 +137,13 @@ type ModeResult struct {
 	// can, on the same machine, against the bare publisher measured so.
 	CatchUpLiveMsgsPerS Stat `json:"catch_up_live_consumer_msgs_per_s"`
 	RatioToBareLive     Stat `json:"ratio_to_bare_live_consumer"`
-	IdleQueriesPerS     Stat `json:"idle_queries_per_s"`
-	RelayCPUSeconds     Stat `json:"relay_cpu_seconds"`
-	RelayPeakRSSMiB     Stat `json:"relay_peak_rss_mib"`
+	// Deliveries that repeated a message, in each catch-up (0 expected:
+	// the relay repeats only what was unconfirmed at a fault).
+	CatchUpRepeats     Stat `json:"catch_up_repeats"`
+	CatchUpLiveRepeats Stat `json:"catch_up_live_consumer_repeats"`
+	IdleQueriesPerS    Stat `json:"idle_queries_per_s"`
+	RelayCPUSeconds    Stat `json:"relay_cpu_seconds"`
+	RelayPeakRSSMiB    Stat `json:"relay_peak_rss_mib"`
 }
 
 // Result is a whole bench.
@@ -260,6 +264,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			LatencyP50Ms: statOf(s["p50"]), LatencyP95Ms: statOf(s["p95"]), LatencyP99Ms: statOf(s["p99"]),
 			LatencyMaxMs: statOf(s["max"]), CatchUpMsgsPerS: statOf(s["catch_up"]), RatioToBare: statOf(s["ratio"]),
 			CatchUpLiveMsgsPerS: statOf(s["catch_up_live"]), RatioToBareLive: statOf(s["ratio_live"]),
+			CatchUpRepeats: statOf(s["catch_up_repeats"]), CatchUpLiveRepeats: statOf(s["catch_up_live_repeats"]),
 			BareLatencyP50Ms: statOf(s["bare_p50"]), BareLatencyP99Ms: statOf(s["bare_p99"]),
 			CommitP99Ms: statOf(s["commit_p99"]), CommitMaxMs: statOf(s["commit_max"]),
 			IdleQueriesPerS: statOf(s["idle_qps"]), RelayCPUSeconds: statOf(s["cpu"]), RelayPeakRSSMiB: statOf(s["rss"]),
@@ -354,7 +359,8 @@ func (b *bencher) runOnce(ctx context.Context, mode string, run int) (map[string
 			return nil, err
 		}
 		var relay *relayProc
-		out[key], err = b.toQueue(ctx, phase, live, func() error {
+		var repeats int
+		out[key], repeats, err = b.toQueue(ctx, phase, live, func() error {
 			relay, err = b.startRelay(ctx, mode)
 			return err
 		})
@@ -371,6 +377,7 @@ func (b *bencher) runOnce(ctx context.Context, mode string, run int) (map[string
 		if err := relay.stop(); err != nil {
 			return nil, err
 		}
+		out[key+"_repeats"] = float64(repeats)
 		if !live {
 			cpu += c // the latency phase and one catch-up, as before
 		}
@@ -632,7 +639,7 @@ func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error)
 		phase += " to a live consumer"
 	}
 	started := false
-	rate, err := b.toQueue(ctx, phase, live, func() error {
+	rate, _, err := b.toQueue(ctx, phase, live, func() error { // the bare publisher sends each once
 		started = true
 		go func() {
 			// One channel with at most ConfirmWindow unconfirmed, like
@@ -658,27 +665,30 @@ func (b *bencher) bare(ctx context.Context, run int, live bool) (float64, error)
 }
 
 // toQueue measures a throughput phase: how fast Backlog messages get into
-// the queue. start begins publishing and returns at once.
+// the queue, and how many deliveries repeated a message (a publisher that
+// sends a message twice). start begins publishing and returns at once.
 //
 // Without live, the consumer is paused: the phase ends when the queue holds
 // Backlog messages (every one routed to and accepted by it), and nothing
 // else shares the machine with the publisher measured; the broker keeps
 // every message, as it does when a backlog outruns its consumers. Then,
-// untimed, the consumer resumes and every message must arrive once.
+// untimed, the consumer resumes and every message must arrive; what the
+// queue held beyond them are the repeats. (A repeat counts in the queue's
+// depth: a publisher sending repeats ends its phase early, and shows them.)
 //
 // With live, a consumer drains the queue as fast as it can while the phase
 // runs, and the phase ends when it has received every message: the broker
 // hands messages on instead of keeping them, and the consumer takes its
 // share of the machine's two cores.
-func (b *bencher) toQueue(ctx context.Context, phase string, live bool, start func() error) (float64, error) {
+func (b *bencher) toQueue(ctx context.Context, phase string, live bool, start func() error) (rate float64, repeats int, err error) {
 	return b.toQueueN(ctx, phase, live, b.cfg.Backlog, start, nil)
 }
 
 // toQueueN is toQueue for total messages; filled, when not nil, runs as
 // soon as the timed part ends (before the check), to read CPU counters.
-func (b *bencher) toQueueN(ctx context.Context, phase string, live bool, total int, start, filled func() error) (float64, error) {
+func (b *bencher) toQueueN(ctx context.Context, phase string, live bool, total int, start, filled func() error) (rate float64, repeats int, err error) {
 	if err := b.cons.purge(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	progress := func(n int) { b.bar(phase, n, total) }
 	if live {
@@ -689,15 +699,17 @@ func (b *bencher) toQueueN(ctx context.Context, phase string, live bool, total i
 			err = b.cons.wait(ctx, 10*time.Minute, progress)
 		}
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
-		return float64(total) / time.Since(t0).Seconds(), nil
+		rate = float64(total) / time.Since(t0).Seconds()
+		repeats, err = b.cons.repeats()
+		return rate, repeats, err
 	}
 	if err := b.cons.pause(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	t0 := time.Now()
-	err := start()
+	err = start()
 	if err == nil {
 		err = b.cons.waitDepth(ctx, total, 10*time.Minute, progress)
 	}
@@ -710,12 +722,13 @@ func (b *bencher) toQueueN(ctx context.Context, phase string, live bool, total i
 		err = rerr
 	}
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := b.cons.wait(ctx, 10*time.Minute, func(n int) { b.bar(phase+": check", n, total) }); err != nil {
-		return 0, fmt.Errorf("after the queue filled: %w", err)
+		return 0, 0, fmt.Errorf("after the queue filled: %w", err)
 	}
-	return float64(total) / elapsed.Seconds(), nil
+	repeats, err = b.cons.repeats()
+	return float64(total) / elapsed.Seconds(), repeats, err
 }
 
 func machine(ctx context.Context, db *sql.DB) string {

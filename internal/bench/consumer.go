@@ -12,8 +12,9 @@ import (
 )
 
 // consumer receives from the bench queue and counts distinct message ids
-// against the number a phase expects, with commit → receive latencies for
-// the messages whose commit time was recorded.
+// against the number a phase expects, and the deliveries that repeated one,
+// with commit → receive latencies for the messages whose commit time was
+// recorded.
 type consumer struct {
 	exchange, queue string
 	qtype           string // "classic" or "quorum"
@@ -23,12 +24,13 @@ type consumer struct {
 	tag             string        // consumer tag while consuming, "" while paused
 	done            chan struct{} // closed when the delivery loop of the current consume ends
 
-	mu      sync.Mutex
-	want    int
-	got     map[string]bool
-	commits map[string]time.Time
-	lats    []time.Duration
-	changed chan struct{}
+	mu        sync.Mutex
+	want      int
+	delivered int // in this phase, repeats included
+	got       map[string]bool
+	commits   map[string]time.Time
+	lats      []time.Duration
+	changed   chan struct{}
 }
 
 func newConsumer(ctx context.Context, url string, opts publish.ConnOptions, exchange, queue, queueType string) (*consumer, error) {
@@ -165,7 +167,7 @@ func (c *consumer) purge() error {
 func (c *consumer) expect(n int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.want, c.got, c.commits, c.lats = n, map[string]bool{}, map[string]time.Time{}, nil
+	c.want, c.delivered, c.got, c.commits, c.lats = n, 0, map[string]bool{}, map[string]time.Time{}, nil
 }
 
 // sent records when a message's commit started.
@@ -178,7 +180,11 @@ func (c *consumer) sent(id string, at time.Time) {
 func (c *consumer) received(id string, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.got == nil || c.got[id] {
+	if c.got == nil {
+		return
+	}
+	c.delivered++
+	if c.got[id] {
 		return
 	}
 	c.got[id] = true
@@ -222,6 +228,23 @@ func (c *consumer) wait(ctx context.Context, timeout time.Duration, progress fun
 			return ctx.Err()
 		}
 	}
+}
+
+// repeats is, once every message of the phase arrived, how many deliveries
+// repeated one: those received so far and those still in the queue. It
+// stops consuming to count what is left, and resumes.
+func (c *consumer) repeats() (int, error) {
+	if err := c.pause(); err != nil {
+		return 0, err
+	}
+	left, err := c.depth()
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	n := c.delivered - len(c.got) + left
+	c.mu.Unlock()
+	return n, c.resume()
 }
 
 func (c *consumer) latencies() []time.Duration {

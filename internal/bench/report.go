@@ -59,6 +59,8 @@ func (r *Result) modeTable(w io.Writer, modes []string) {
 	row("ratio to bare publisher", "%.2f", func(m ModeResult) Stat { return m.RatioToBare })
 	row("catch-up, live consumer (msg/s)", "%.0f", func(m ModeResult) Stat { return m.CatchUpLiveMsgsPerS })
 	row("ratio to bare, live consumer", "%.2f", func(m ModeResult) Stat { return m.RatioToBareLive })
+	row("catch-up repeated deliveries", "%.0f", func(m ModeResult) Stat { return m.CatchUpRepeats })
+	row("live catch-up repeated deliveries", "%.0f", func(m ModeResult) Stat { return m.CatchUpLiveRepeats })
 	row("idle DB queries/s", "%.2f", func(m ModeResult) Stat { return m.IdleQueriesPerS })
 	row("relay CPU (s)", "%.1f", func(m ModeResult) Stat { return m.RelayCPUSeconds })
 	row("relay peak RSS (MiB)", "%.0f", func(m ModeResult) Stat { return m.RelayPeakRSSMiB })
@@ -72,11 +74,12 @@ func (r *Result) modeTable(w io.Writer, modes []string) {
 // the bare publisher at window 1000 and at window = keys, and the CPU
 // seconds per 10,000 messages of the relay, the database server and the
 // broker (0: the process is not on this machine), the bare publisher's own,
-// and how busy the machine's cores were.
+// how busy the machine's cores were, and the most deliveries that repeated a
+// message in any run.
 func (r *Result) shapeTable(w io.Writer) {
 	fmt.Fprintf(w, "\ncatch-up shapes (into the queue, no consumer): median [min … max]; CPU in seconds per 10,000 messages\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "shape\tmode\tmsg/s\tbare w1000\tbare w=keys\tratio w1000\tratio w=keys\trelay CPU\tDB CPU\tbroker CPU\tbare w1000 broker CPU\tbare w=keys broker CPU\tbare w=keys publisher CPU\tbusy %\tbare w=keys busy %\trelay RSS MiB")
+	fmt.Fprintln(tw, "shape\tmode\tmsg/s\tbare w1000\tbare w=keys\tratio w1000\tratio w=keys\trelay CPU\tDB CPU\tbroker CPU\tbare w1000 broker CPU\tbare w=keys broker CPU\tbare w=keys publisher CPU\tbusy %\tbare w=keys busy %\trelay RSS MiB\trepeats (most)")
 	m3 := func(format string, s Stat) string {
 		return fmt.Sprintf(format+" ["+format+" … "+format+"]", s.Median, s.Min, s.Max)
 	}
@@ -89,11 +92,11 @@ func (r *Result) shapeTable(w io.Writer) {
 		name := fmt.Sprintf("%s (%d keys, %d msgs)", s.Shape, s.Keys, s.Messages)
 		for _, mode := range modes {
 			m := s.Modes[mode]
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\n", name, mode,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\n", name, mode,
 				m3("%.0f", m.MsgsPerS), m3("%.0f", s.Bare1000MsgsPerS), m3("%.0f", s.BareKeysMsgsPerS),
 				m3("%.2f", m.RatioToBare1000), m3("%.2f", m.RatioToBareKeys),
 				m.RelayCPUPer10k.Median, m.DBCPUPer10k.Median, m.BrokerCPUPer10k.Median, s.BareBrokerCPUPer10k.Median, s.BareKeysBrokerCPUPer10k.Median,
-				s.BareKeysPublisherCPUPer10k.Median, m.MachineBusyPct.Median, s.BareKeysMachineBusyPct.Median, m.RelayPeakRSSMiB.Max)
+				s.BareKeysPublisherCPUPer10k.Median, m.MachineBusyPct.Median, s.BareKeysMachineBusyPct.Median, m.RelayPeakRSSMiB.Max, m.Repeats.Max)
 		}
 	}
 	tw.Flush()

@@ -91,6 +91,9 @@ type ShapeModeResult struct {
 	// MachineBusyPct is the share of the machine's cores busy during the
 	// catch-up, every process counted.
 	MachineBusyPct Stat `json:"machine_busy_pct"`
+	// Repeats is how many deliveries repeated a message (0 expected: the
+	// relay repeats only what was unconfirmed at a fault).
+	Repeats Stat `json:"repeats"`
 }
 
 // writeShape writes s's backlog while no relay runs. Thousands of small
@@ -244,7 +247,7 @@ func (b *bencher) shapeOnce(ctx context.Context, s Shape, run int, m cpuMeter, s
 		var relay *relayProc
 		var relayCPU, rss float64
 		var c0, c1 cpuSample
-		rate, err := b.toQueueN(ctx, phase, false, s.Messages, func() error {
+		rate, repeats, err := b.toQueueN(ctx, phase, false, s.Messages, func() error {
 			var err error
 			c0 = m.read()
 			relay, err = b.startRelayBinary(ctx, rr.binary, rr.mode)
@@ -272,6 +275,7 @@ func (b *bencher) shapeOnce(ctx context.Context, s Shape, run int, m cpuMeter, s
 		add(mode, "broker_cpu", per10k(c1.broker-c0.broker))
 		add(mode, "busy", busyPct(c0, c1))
 		add(mode, "rss", rss)
+		add(mode, "repeats", float64(repeats))
 	}
 	return nil
 }
@@ -328,7 +332,7 @@ func (b *bencher) bareShape(ctx context.Context, phase string, s Shape, window i
 	payload := bytes.Repeat([]byte("x"), b.cfg.PayloadBytes)
 	published := make(chan error, 1)
 	started := false
-	rate, err := b.toQueueN(ctx, phase, false, s.Messages, func() error {
+	rate, _, err := b.toQueueN(ctx, phase, false, s.Messages, func() error { // the bare publisher sends each once
 		started = true
 		go func() {
 			published <- PublishBare(ctx, conn, b.exchange, "backlog", 1, s.Messages, window, func(i int) amqp.Publishing {
@@ -364,6 +368,7 @@ func shapeResults(shapes []Shape, samples []map[string]map[string][]float64) []S
 			r.Modes[mode] = ShapeModeResult{MsgsPerS: statOf(f["rate"]), RatioToBare1000: statOf(f["ratio1000"]),
 				RatioToBareKeys: statOf(f["ratiokeys"]), RelayCPUPer10k: statOf(f["relay_cpu"]),
 				DBCPUPer10k: statOf(f["db_cpu"]), BrokerCPUPer10k: statOf(f["broker_cpu"]), RelayPeakRSSMiB: statOf(f["rss"]),
+				Repeats:        statOf(f["repeats"]),
 				MachineBusyPct: statOf(f["busy"])}
 		}
 		out = append(out, r)
