@@ -12,7 +12,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/ordering"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -38,9 +37,7 @@ func TestExplainPlans(t *testing.T) {
 		t.Run(shape.name, func(t *testing.T) {
 			ctx := context.Background()
 			tdb := testenv.MySQL(t)
-			if _, err := migrations.Apply(ctx, tdb.SQL, migrations.Options{}); err != nil {
-				t.Fatal(err)
-			}
+			tdb.Migrate(ctx, t)
 			db := tdb.SQL
 			// One row in 97 has available_at set: half an hour ago or an
 			// hour ahead.

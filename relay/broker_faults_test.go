@@ -12,7 +12,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // The relay's AMQP connection is cut three times through a fault proxy while
@@ -98,9 +97,7 @@ func TestRelaySurvivesBrokerRestart(t *testing.T) {
 	node := testenv.StartRabbitMQ(t)
 	b := node.Broker(t)
 	db := testenv.MySQL(t)
-	if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	db.Migrate(testenv.Context(t, time.Minute), t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, nil)
 	ctx := testenv.Context(t, 4*time.Minute)

@@ -13,7 +13,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // clusterTotal and clusterKeys are each fault's load: 20,000 messages (at least)
@@ -179,9 +178,7 @@ type clusterRun struct {
 func startClusterRun(t *testing.T, c *testenv.RabbitCluster, classicNode int, nodes []int) *clusterRun {
 	t.Helper()
 	db := testenv.MySQL(t)
-	if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	db.Migrate(testenv.Context(t, time.Minute), t)
 	r := &clusterRun{t: t, c: c, b: c.Broker(t, classicNode), db: db, v: validator.New()}
 	reg, m, err := metrics.NewRegistry()
 	if err != nil {

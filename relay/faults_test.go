@@ -8,7 +8,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // privateSetup is setup on a server of the test's own, which it may kill.
@@ -16,9 +15,7 @@ func privateSetup(t *testing.T) (*testenv.Server, *testenv.DB, *testenv.Broker) 
 	t.Helper()
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
-	if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	db.Migrate(testenv.Context(t, time.Minute), t)
 	return srv, db, testenv.RabbitMQ(t)
 }
 

@@ -8,7 +8,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // durableSetup is privateSetup on a server that fsyncs the binlog and the
@@ -21,9 +20,7 @@ func durableSetup(t *testing.T) (*testenv.Server, *testenv.DB, *testenv.Broker) 
 	srv := testenv.StartServer(t, testenv.ServerOptions{ExtraArgs: []string{
 		"--sync-binlog=1", "--innodb-flush-log-at-trx-commit=1"}})
 	db := srv.CreateDatabase(t)
-	if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	db.Migrate(testenv.Context(t, time.Minute), t)
 	return srv, db, testenv.RabbitMQ(t)
 }
 

@@ -13,7 +13,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -22,9 +21,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 func setup(t *testing.T) (*testenv.DB, *testenv.Broker) {
 	t.Helper()
 	db := testenv.MySQL(t)
-	if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	db.Migrate(testenv.Context(t, time.Minute), t)
 	return db, testenv.RabbitMQ(t)
 }
 

@@ -9,7 +9,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // The DSN's tls parameter holds for the binlog connection too. Against a
@@ -36,9 +35,7 @@ func TestRelayBinlogOverTLS(t *testing.T) {
 			} else {
 				db = srv.CreateDatabase(t)
 			}
-			if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
-				t.Fatalf("migrate: %v", err)
-			}
+			db.Migrate(testenv.Context(t, time.Minute), t)
 			b := testenv.RabbitMQ(t)
 			v := consume(t, b, b.Queue)
 			ctx := testenv.Context(t, 90*time.Second)

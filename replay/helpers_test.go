@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -22,9 +21,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 // migrated applies the schema to db.
 func migrated(t *testing.T, db *testenv.DB) {
 	t.Helper()
-	if _, err := migrations.Apply(testenv.Context(t, time.Minute), db.SQL, migrations.Options{}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	db.Migrate(testenv.Context(t, time.Minute), t)
 }
 
 // baseConfig is a replay of db's outbox to b.
