@@ -26,12 +26,11 @@ type fakeLease struct {
 	invalid bool
 	lost    chan struct{}
 	err     error
-	paused  bool
-	changed chan struct{}
+	paused  *watched
 }
 
 func newFakeLease(epoch int64) *fakeLease {
-	return &fakeLease{epoch: epoch, lost: make(chan struct{}), changed: make(chan struct{})}
+	return &fakeLease{epoch: epoch, lost: make(chan struct{}), paused: newWatched(false)}
 }
 
 func (l *fakeLease) Epoch() int64 { return l.epoch }
@@ -54,19 +53,33 @@ func (l *fakeLease) Lose(err error) {
 		close(l.lost)
 	}
 }
-func (l *fakeLease) Paused() (bool, <-chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.paused, l.changed
-}
+func (l *fakeLease) Paused() (bool, <-chan struct{}) { return l.paused.get() }
 
 // setPaused is an operator's pause (true) or resume (false).
-func (l *fakeLease) setPaused(p bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.paused = p
-	close(l.changed)
-	l.changed = make(chan struct{})
+func (l *fakeLease) setPaused(p bool) { l.paused.set(p) }
+
+// watched is a boolean whose every change closes the channel get returned
+// with it, as the seams' Paused and Connected promise.
+type watched struct {
+	mu      sync.Mutex
+	v       bool
+	changed chan struct{}
+}
+
+func newWatched(v bool) *watched { return &watched{v: v, changed: make(chan struct{})} }
+
+func (w *watched) get() (bool, <-chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.v, w.changed
+}
+
+func (w *watched) set(v bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.v = v
+	close(w.changed)
+	w.changed = make(chan struct{})
 }
 
 // fakeStore is a progress row in memory. Every call is recorded; changed
@@ -267,25 +280,11 @@ var errLeaseExpiredForTest = leadership.ErrLeaseExpired
 
 // fakeBroker is a publisher's connection to the broker, up until the test
 // sets it down.
-type fakeBroker struct {
-	mu      sync.Mutex
-	down    bool
-	changed chan struct{}
-}
+type fakeBroker struct{ up *watched }
 
-func newFakeBroker() *fakeBroker { return &fakeBroker{changed: make(chan struct{})} }
+func newFakeBroker() *fakeBroker { return &fakeBroker{up: newWatched(true)} }
 
-func (b *fakeBroker) Connected() (bool, <-chan struct{}) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return !b.down, b.changed
-}
+func (b *fakeBroker) Connected() (bool, <-chan struct{}) { return b.up.get() }
 
 // setDown loses (true) or restores (false) the connection.
-func (b *fakeBroker) setDown(down bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.down = down
-	close(b.changed)
-	b.changed = make(chan struct{})
-}
+func (b *fakeBroker) setDown(down bool) { b.up.set(!down) }
