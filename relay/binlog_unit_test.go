@@ -19,13 +19,15 @@ import (
 // policy on a shutdown, a fallback and a lost leadership.
 
 // fakeBinlogPub is binlog mode's publisher: a fake sink per lane, no
-// delayed rows, no sweep (the runs resume from a stored position).
+// delayed rows, and the sweep before tailing drainer (none when nil: the
+// runs resume from a stored position).
 type fakeBinlogPub struct {
 	*fakeBroker
-	mu     sync.Mutex
-	sinks  []*fakeSink
-	sent   chan struct{} // receives on every publish of every sink
-	closed atomic.Bool
+	drainer drainer
+	mu      sync.Mutex
+	sinks   []*fakeSink
+	sent    chan struct{} // receives on every publish of every sink
+	closed  atomic.Bool
 }
 
 func (p *fakeBinlogPub) NewSink(onResult func(publish.Result)) (sink, error) {
@@ -37,7 +39,12 @@ func (p *fakeBinlogPub) NewSink(onResult func(publish.Result)) (sink, error) {
 	return s, nil
 }
 
-func (p *fakeBinlogPub) Drainer() (drainer, error) { return nil, errors.New("no sweep in this test") }
+func (p *fakeBinlogPub) Drainer() (drainer, error) {
+	if p.drainer == nil {
+		return nil, errors.New("no sweep in this test")
+	}
+	return p.drainer, nil
+}
 
 func (p *fakeBinlogPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
 	return noDelayed{}, time.Hour, nil

@@ -32,9 +32,9 @@ type pipeline struct {
 	lanes    *ordering.Lanes
 	queues   []chan *laneItem
 	channels []sink
-	broker   brokerLink                                    // the publisher's connection, which a stop watches
-	drainer  func() (drainer, error)                       // the sweep before tailing, on the run's publisher
-	sweeper  func() (delayedSweeper, time.Duration, error) // the due-time sweep and its interval, on the run's publisher
+	// pub is the run's publisher: its connection, which a stop watches,
+	// the sweep before tailing and the due-time sweep.
+	pub      binlogPublisher
 	watch    *troubleWatch
 	delayed  chan struct{} // capacity 1: the stream skipped a delayed row
 	fallback atomic.Value  // string: why binlog mode gave way to polling
@@ -118,8 +118,7 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	}
 	defer publisher.Close()
 
-	p := r.newPipeline(leader, cancelRead)
-	p.broker, p.drainer, p.sweeper = publisher, publisher.Drainer, publisher.DelayedSweeper
+	p := r.newPipeline(leader, publisher, cancelRead)
 	g.Go("stop-reading", cancelRead, func() error { p.stopReading(ctx, readCtx); return nil })
 	if err := p.openLanes(publisher.NewSink); err != nil {
 		return nil, err
@@ -207,12 +206,11 @@ func binlogEnd(log *zap.Logger, shuttingDown bool, fallback string, readErr, ack
 	return nil, readErr
 }
 
-// newPipeline is the state of one binlog mode run of leader's term;
-// cancelRead ends its reading. The caller sets broker, drainer and
-// sweeper from the run's publisher.
-func (r *Relay) newPipeline(leader lease, cancelRead context.CancelFunc) *pipeline {
+// newPipeline is the state of one binlog mode run of leader's term on
+// pub; cancelRead ends its reading.
+func (r *Relay) newPipeline(leader lease, pub binlogPublisher, cancelRead context.CancelFunc) *pipeline {
 	p := &pipeline{
-		r: r, leader: leader, epoch: leader.Epoch(), store: r.progress,
+		r: r, leader: leader, epoch: leader.Epoch(), store: r.progress, pub: pub,
 		tracker: ordering.New[position.Position](r.cfg.MaxInflightBytes),
 		lanes:   ordering.NewLanes(r.cfg.Lanes),
 		lastAck: time.Now(), cancelRead: cancelRead, stop: make(chan struct{}),
@@ -313,7 +311,7 @@ func (p *pipeline) stopReading(ctx, readCtx context.Context) {
 	}
 	t := time.NewTimer(p.r.cfg.ShutdownTimeout)
 	defer t.Stop()
-	timedOut, down := untilBrokerDown(p.broker, t.C, readCtx.Done())
+	timedOut, down := untilBrokerDown(p.pub, t.C, readCtx.Done())
 	if !timedOut && !down {
 		return // reading ended at the transaction boundary
 	}

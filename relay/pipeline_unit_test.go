@@ -30,7 +30,7 @@ type unitPipeline struct {
 	// (cancelRead).
 	readCtx    context.Context
 	cancelRead context.CancelFunc
-	broker     *fakeBroker
+	pub        *fakeBinlogPub // its connection; its sinks are not the lanes' (sinks are)
 	h          *handler
 }
 
@@ -46,9 +46,8 @@ func startUnitPipeline(t *testing.T, mod func(*Config)) *unitPipeline {
 	u := &unitPipeline{store: store, lease: newFakeLease(7), g: &group{}}
 	u.readCtx, u.cancelRead = context.WithCancel(context.Background())
 	t.Cleanup(u.cancelRead)
-	u.p = r.newPipeline(u.lease, u.cancelRead)
-	u.broker = newFakeBroker()
-	u.p.broker = u.broker
+	u.pub = &fakeBinlogPub{fakeBroker: newFakeBroker()}
+	u.p = r.newPipeline(u.lease, u.pub, u.cancelRead)
 	if err := u.p.openLanes(func(onResult func(publish.Result)) (sink, error) {
 		s := newFakeSink(onResult)
 		u.sinks = append(u.sinks, s)

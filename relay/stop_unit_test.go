@@ -83,12 +83,12 @@ func TestUnitStopReadingCuts(t *testing.T) {
 			rd := u.startRead(t, src, filePos(50))
 			<-src.reached
 			if tc.downBefore {
-				u.broker.setDown(true)
+				u.pub.setDown(true)
 			}
 			rd.stopTerm()
 			if tc.downAfter {
 				<-u.p.stop // the stop has begun, and waits
-				u.broker.setDown(true)
+				u.pub.setDown(true)
 			}
 			if err := within(t, "reading stops", rd.readDone); err != nil {
 				t.Fatalf("read: %v", err)

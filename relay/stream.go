@@ -60,7 +60,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		if err != nil {
 			return fmt.Errorf("read the server's binlog position before the sweep: %w", err)
 		}
-		drainer, err := p.drainer()
+		drainer, err := p.pub.Drainer()
 		if err != nil {
 			return err
 		}

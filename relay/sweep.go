@@ -18,7 +18,7 @@ import (
 // between rounds when stop closes; errors are logged and retried, except a
 // fenced round or an expired lease, which end the leader term at once.
 func (p *pipeline) sweepDelayed(ctx context.Context, stop <-chan struct{}) {
-	s, interval, err := p.sweeper()
+	s, interval, err := p.pub.DelayedSweeper()
 	if err == nil {
 		defer s.Close()
 		p.runSweeper(ctx, stop, s, interval)

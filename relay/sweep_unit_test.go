@@ -38,14 +38,12 @@ func (u *unitPipeline) firstStart(gs, ge position.Position, drain fakeDrainer) (
 		snaps = snaps[1:]
 		return pos, nil
 	}}
-	u.p.drainer = func() (drainer, error) {
-		return fakeDrainer(func(ctx context.Context, stop <-chan struct{}) (int, error) {
-			mu.Lock()
-			seen = append(seen, "sweep")
-			mu.Unlock()
-			return drain(ctx, stop)
-		}), nil
-	}
+	u.pub.drainer = fakeDrainer(func(ctx context.Context, stop <-chan struct{}) (int, error) {
+		mu.Lock()
+		seen = append(seen, "sweep")
+		mu.Unlock()
+		return drain(ctx, stop)
+	})
 	return func() []string {
 		mu.Lock()
 		defer mu.Unlock()
@@ -119,7 +117,7 @@ func TestUnitFirstStartSweepStops(t *testing.T) {
 			rd := u.startRead(t, src, position.Position{})
 			<-sweeping
 			if tc.down {
-				u.broker.setDown(true)
+				u.pub.setDown(true)
 			}
 			rd.stopTerm()
 			if err := within(t, "reading stops", rd.readDone); err != nil {
