@@ -56,11 +56,34 @@ func lookBinary(name string) (string, error) {
 	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin, /usr/local/sbin", name)
 }
 
-// Context is a context for one test, ended after d or when the test ends,
-// whichever comes first: every wait in a test is bounded by it.
+// Context is a context for one short step of a test (a migration, a
+// connection, a statement), ended after d or when the test ends, whichever
+// comes first. A workload gets WorkContext instead: a fixed time for a whole
+// workload fails a test because the machine is slow.
 func Context(t testing.TB, d time.Duration) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// workMargin is what WorkContext leaves of the test binary's -timeout for the
+// test to report its failure and clean up.
+const workMargin = 30 * time.Second
+
+// WorkContext is the context of a test's workload: it ends when the test ends,
+// or workMargin before the test binary's -timeout, never after a fixed time of
+// its own. The waits inside it are bounded by progress (package progress,
+// validator.WaitComplete, testload.WaitRows): they fail when nothing has moved
+// for progress.Patience, however long the whole workload takes.
+func WorkContext(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	if d, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if deadline, set := d.Deadline(); set {
+			ctx, cancel = context.WithDeadline(context.Background(), deadline.Add(-workMargin))
+		}
+	}
 	t.Cleanup(cancel)
 	return ctx
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -210,21 +211,22 @@ func RandN(n int) int {
 }
 
 // WaitRows waits until the query's count reaches want, failing the test when
-// ctx ends first.
+// the count has not moved for progress.Patience or ctx ends first.
 func WaitRows(ctx context.Context, t testing.TB, db *sql.DB, query string, want int) {
 	t.Helper()
 	var n int
-	for {
-		if err := db.QueryRowContext(ctx, query).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", query, err)
+	var qerr error
+	count := func() int64 {
+		if qerr == nil {
+			qerr = db.QueryRowContext(ctx, query).Scan(&n)
 		}
-		if n == want {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s = %d, want %d", query, n, want)
-		case <-time.After(50 * time.Millisecond):
-		}
+		return int64(n)
+	}
+	err := progress.Wait(ctx, query, count, func() bool { return qerr != nil || n == want })
+	if qerr != nil {
+		t.Fatalf("%s: %v", query, qerr)
+	}
+	if err != nil {
+		t.Fatalf("%s = %d, want %d: %v", query, n, want, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -118,23 +119,17 @@ func (v *Validator) Duplicates() int {
 	return len(v.deliveries) - len(v.counts)
 }
 
-// WaitComplete waits until every expected message has arrived, or ctx ends;
-// the error then says how many are missing.
+// WaitComplete waits until every expected message has arrived. It goes on as
+// long as deliveries keep coming, and fails when none has come for
+// progress.Patience (or ctx ends); the error then says how many are missing.
 func (v *Validator) WaitComplete(ctx context.Context) error {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		missing := v.Missing()
-		if missing == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%d of %d expected messages never arrived (%d deliveries): %w",
-				missing, v.ExpectedCount(), v.Received(), ctx.Err())
-		case <-t.C:
-		}
+	err := progress.Wait(ctx, "wait for every expected message",
+		func() int64 { return int64(v.Received()) }, func() bool { return v.Missing() == 0 })
+	if err != nil {
+		return fmt.Errorf("%d of %d expected messages never arrived (%d deliveries): %w",
+			v.Missing(), v.ExpectedCount(), v.Received(), err)
 	}
+	return nil
 }
 
 // ExpectedCount is how many messages the validator was told to expect.
