@@ -12,6 +12,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 )
 
 // ClusterSize is the number of nodes of a RabbitCluster: the smallest
@@ -19,8 +21,9 @@ import (
 const ClusterSize = 3
 
 // clusterSettleTimeout bounds the wait for a cluster to be whole again (every
-// node running, every member of a quorum queue online, a leader elected).
-const clusterSettleTimeout = 2 * time.Minute
+// node running, every member of a quorum queue online, a leader elected):
+// generous, so that only a cluster that is stuck fails it.
+const clusterSettleTimeout = progress.Patience
 
 // RabbitCluster is a private cluster of ClusterSize RabbitMQ nodes on this
 // machine: private nodes (see RabbitNode) with a shared Erlang cookie,

@@ -16,14 +16,18 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 )
 
 // Bounds of the waits on a private RabbitMQ node: limits for polled
-// conditions, not sleeps. A node boots in about 5 s on these machines (fresh
-// or restarted alike; two cores) and stops cleanly in about 3 s.
+// conditions, not sleeps. A node boots in about 5 s on a quiet machine
+// (fresh or restarted alike; two cores) and stops cleanly in about 3 s; beside
+// a whole test suite a restart has taken 90 s, so the start's bound is
+// progress.Patience: only a node that is stuck fails it.
 const (
-	rabbitReadyTimeout = 2 * time.Minute  // start → first AMQP connection
-	rabbitStopTimeout  = 60 * time.Second // SIGTERM → exit, then SIGKILL
+	rabbitReadyTimeout = progress.Patience // start → first AMQP connection
+	rabbitStopTimeout  = 60 * time.Second  // SIGTERM → exit, then SIGKILL
 	rabbitPollInterval = 50 * time.Millisecond
 	rabbitCtlTimeout   = time.Minute
 )
@@ -131,7 +135,7 @@ func newRabbitNode(o rabbitOptions) (_ *RabbitNode, err error) {
 		return nil, fmt.Errorf("%w: %v (Debian package rabbitmq-server)", errMissing, err)
 	}
 	ctl, _ := findRabbitScript("rabbitmqctl")
-	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-rabbitmq-", serverDirPrefix, os.Getpid()))
+	dir, err := os.MkdirTemp(ScratchDir(), fmt.Sprintf("%s%d-rabbitmq-", serverDirPrefix, os.Getpid()))
 	if err != nil {
 		return nil, fmt.Errorf("create node directory: %w", err)
 	}

@@ -20,15 +20,19 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 )
 
 // Bounds of the waits on a private server. They are limits for conditions that
-// are polled, not sleeps: a healthy server answers within about a second.
+// are polled, not sleeps: a healthy server answers within about a second on
+// a quiet machine; the start's bound is progress.Patience, so that a machine
+// busy with a whole test suite never fails it.
 const (
-	readyTimeout    = 30 * time.Second // start → first successful ping
-	stopTimeout     = 60 * time.Second // SIGTERM → exit, then SIGKILL
-	killTimeout     = 30 * time.Second // SIGKILL → exit
-	installTimeout  = 60 * time.Second // mariadb-install-db
+	readyTimeout    = progress.Patience // start → first successful ping
+	stopTimeout     = 60 * time.Second  // SIGTERM → exit, then SIGKILL
+	killTimeout     = 30 * time.Second  // SIGKILL → exit
+	installTimeout  = progress.Patience // mariadb-install-db
 	pollInterval    = 20 * time.Millisecond
 	logTailLines    = 30
 	startAttempts   = 3 // fresh ports tried when the chosen one was taken meanwhile
@@ -136,7 +140,7 @@ func newServer(opts ServerOptions) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v (Debian package mariadb-server)", errMissing, err)
 	}
-	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", serverDirPrefix, os.Getpid()))
+	dir, err := os.MkdirTemp(ScratchDir(), fmt.Sprintf("%s%d-", serverDirPrefix, os.Getpid()))
 	if err != nil {
 		return nil, fmt.Errorf("create server directory: %w", err)
 	}
