@@ -224,7 +224,7 @@ func TestAckRecordsFailedRowOnce(t *testing.T) {
 // made a transaction of 200,000 rows cost the leadership.
 func TestAckLetsHeartbeatThroughMidway(t *testing.T) {
 	const rows = 20_000
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	e := newAckEnv(ctx, t)
 	recs := e.insert(ctx, t, rows, 500)
 	hb, err := e.db.SQL.Conn(ctx)

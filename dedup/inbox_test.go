@@ -292,7 +292,7 @@ func TestProcessManyGoroutinesOneEffectEach(t *testing.T) {
 	for _, iso := range isolationLevels {
 		t.Run(iso.name, func(t *testing.T) {
 			db := schemaDB(t).SQL
-			ctx := testenv.Context(t, 2*time.Minute)
+			ctx := testenv.WorkContext(t)
 			inbox := dedup.New(db, "billing").WithIsolation(iso.level)
 			ids := newIDs(t, messages)
 			var doneN, dupN, failures atomic.Int64

@@ -40,7 +40,7 @@ func TestMeasureCleanupProducerLatency(t *testing.T) {
 		}
 	}
 	db := testenv.MySQL(t)
-	ctx := testenv.Context(t, 30*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db.Migrate(ctx, t)
 	fill := func() {
 		began := time.Now()

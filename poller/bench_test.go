@@ -34,7 +34,7 @@ func BenchmarkDrain(b *testing.B) {
 			p := e.poller(b, func(cfg *poller.Config) {
 				cfg.Workers, cfg.Batch, cfg.Logger = c.workers, c.batch, zap.New(core)
 			})
-			ctx := testenv.Context(b, 30*time.Minute)
+			ctx := testenv.WorkContext(b)
 			total, elapsed := 0, time.Duration(0)
 			for range b.N {
 				b.StopTimer()
@@ -93,7 +93,7 @@ func BenchmarkBareAMQP(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer conn.Close()
-			ctx := testenv.Context(b, 30*time.Minute)
+			ctx := testenv.WorkContext(b)
 			total, elapsed := 0, time.Duration(0)
 			for range b.N {
 				b.StopTimer()

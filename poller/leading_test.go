@@ -24,7 +24,7 @@ func TestNotLeadingPublishesNothing(t *testing.T) {
 	const rows = 60
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	produce(ctx, t, e, v, load{producers: 2, partitions: 6, total: rows})
 
 	// lockable counts the rows another transaction can lock now: those

@@ -30,7 +30,7 @@ func TestRunDeliversEveryMessageOnceInOrder(t *testing.T) {
 			e := setup(t, mode)
 			v := consume(t, e.broker)
 			stop, _ := run(t, e.poller(t, func(c *poller.Config) { c.Workers = 4 }))
-			ctx := testenv.Context(t, 4*time.Minute)
+			ctx := testenv.WorkContext(t)
 
 			produce(ctx, t, e, v, load{producers: 8, partitions: 200, total: 20_000, bigTxn: 500, bigShare: 0.5})
 			if err := v.WaitComplete(ctx); err != nil {
@@ -144,7 +144,7 @@ func TestDelayedRowDoesNotBlockItsPartition(t *testing.T) {
 func TestEmptyPartitionKeyRowsSpreadOverWorkers(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	produce(ctx, t, e, v, load{producers: 4, total: 6_000, bigTxn: 500, bigShare: 0.9, noKey: true})
 
 	core, logs := observer.New(zap.DebugLevel)
@@ -177,7 +177,7 @@ func TestEmptyPartitionKeyRowsSpreadOverWorkers(t *testing.T) {
 func TestDrainEmptiesTheTable(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	produce(ctx, t, e, v, load{producers: 4, partitions: 300, total: 10_000, bigTxn: 1000, bigShare: 0.9})
 
 	n, err := e.poller(t, nil).Drain(ctx)
@@ -215,7 +215,7 @@ func TestDrainEmptiesTheTable(t *testing.T) {
 // nothing is acknowledged after that.
 func TestRunStopsWhenFenced(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	bulkLoad(ctx, t, e.pool, 20_000, 100)
 	stop, done := run(t, e.poller(t, func(c *poller.Config) { c.Batch = 100 }))
 
@@ -381,7 +381,7 @@ func TestUndeliverableRowsGoToFailed(t *testing.T) {
 func TestDrainUntilStopsBetweenRounds(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	produce(ctx, t, e, v, load{producers: 4, partitions: 200, total: 10_000, bigTxn: 500, bigShare: 0.5})
 
 	stop := make(chan struct{})
@@ -424,7 +424,7 @@ func TestDrainUntilStopsBetweenRounds(t *testing.T) {
 func TestDrainCutByContextCountsRepeats(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	produce(ctx, t, e, v, load{producers: 4, partitions: 200, total: 10_000, bigTxn: 500, bigShare: 0.5})
 
 	drainCtx, cancel := context.WithCancel(ctx)
@@ -488,7 +488,7 @@ func waitFor(ctx context.Context, t *testing.T, cond func() bool) {
 func TestRunRecordsNewestAcknowledgedRow(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	produce(ctx, t, e, v, load{producers: 2, partitions: 20, total: 500})
 	var newest time.Time
 	if err := e.pool.QueryRowContext(ctx, "SELECT MAX(created_at) FROM outbox").Scan(&newest); err != nil {

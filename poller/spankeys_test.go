@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strconv"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
@@ -30,7 +29,7 @@ func TestRoundClaimsTheHeadsOfManyPartitions(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			const partitions, depth = 60, 20
 			e := setup(t, mode)
-			ctx := testenv.Context(t, 2*time.Minute)
+			ctx := testenv.WorkContext(t)
 			bulkLoad(ctx, t, e.pool, partitions*depth, partitions)
 			p := e.poller(t, func(c *poller.Config) { c.Workers = 1; c.Batch = partitions })
 			if n, err := p.Drain(ctx); err != nil || n != partitions*depth {
@@ -59,7 +58,7 @@ func TestRoundClaimsTheHeadsOfManyPartitions(t *testing.T) {
 func TestRoundSpreadsFollowersOverItsPartitions(t *testing.T) {
 	const partitions, depth, batch = 3, 40, 30
 	e := setup(t, checkpoint.Delete)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	bulkLoad(ctx, t, e.pool, partitions*depth, partitions)
 	p := e.poller(t, func(c *poller.Config) { c.Workers = 1; c.Batch = batch })
 	if n, err := p.Drain(ctx); err != nil || n != partitions*depth {
@@ -109,7 +108,7 @@ func firstMessages(t *testing.T, e *env, n int) []amqp.Delivery {
 func TestRoundsComeToSpanBulkPartitions(t *testing.T) {
 	const partitions, depth = 20, 60
 	e := setup(t, checkpoint.Delete)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	for i := range partitions {
 		if _, err := e.pool.ExecContext(ctx, `INSERT INTO outbox (message_id, partition_key, routing_key, payload)
 			SELECT UNHEX(REPLACE(UUID(), '-', '')), ?, 'bulk', 'x' FROM seq_1_to_`+strconv.Itoa(depth), fmt.Sprintf("p%02d", i)); err != nil {
@@ -145,7 +144,7 @@ func TestFewPartitionsMakeDeeperRounds(t *testing.T) {
 			const batch, total = 50, 3000
 			e := setup(t, mode)
 			v := consume(t, e.broker)
-			ctx := testenv.Context(t, 2*time.Minute)
+			ctx := testenv.WorkContext(t)
 			produce(ctx, t, e, v, load{producers: 4, partitions: 6, total: total, bigTxn: 100, bigShare: 0.5})
 			core, logs := observer.New(zap.DebugLevel)
 			p := e.poller(t, func(c *poller.Config) { c.Batch = batch; c.Logger = zap.New(core) })
@@ -176,7 +175,7 @@ func TestFewPartitionsMakeDeeperRounds(t *testing.T) {
 func TestDeepRoundsStayWithin16MiB(t *testing.T) {
 	const batch, depth, big = 40, 200, 150 << 10
 	e := setup(t, checkpoint.Delete)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	if _, err := e.pool.ExecContext(ctx, `INSERT INTO outbox (message_id, partition_key, routing_key, payload)
 		SELECT UNHEX(REPLACE(UUID(), '-', '')), 'p', 'bulk', REPEAT('h', 1024) FROM seq_1_to_41`); err != nil {
 		t.Fatal(err)

@@ -82,7 +82,7 @@ func TestRelayAckFencedEndsTermAtOnce(t *testing.T) {
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, func(c *Config) { c.HeartbeatInterval, c.MaxInflightBytes = time.Minute, budget })
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 
 	s := startStream(ctx, db.SQL, v, b.Exchange, 2_000, 3*time.Millisecond)
 	waitReceived(ctx, t, v, 300)
@@ -209,7 +209,7 @@ func TestRelayStopsReadingWhileAcknowledgementsFail(t *testing.T) {
 		c.MySQLDSN = fmt.Sprintf("relay:relay-secret@tcp(%s)/%s", srv.Addr(), db.Name)
 		c.MaxInflightBytes, c.Metrics = budget, m
 	})
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	produce(ctx, t, db, b, v, load{producers: 2, partitions: 8, total: 100})
 	if err := v.WaitComplete(ctx); err != nil {
 		t.Fatal(err)

@@ -33,7 +33,7 @@ func TestPollModeMetricsFollowTheBacklog(t *testing.T) {
 		c.Mode, c.PollWorkers, c.PollBatch, c.Metrics = ModePoll, 1, 1, m
 		c.AMQPURL = viaProxy(t, b.URL, proxy.Addr())
 	})
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 
 	// A round publishes one row and waits for its confirm: at least 200 ms
 	// through the proxy, so at most 5 rows a second leave, while the stream

@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 )
@@ -24,7 +25,7 @@ func TestRelaySurvivesBrokerCut(t *testing.T) {
 	v := consume(t, b, b.Queue) // directly on the broker: only the relay's connection is cut
 	proxy := testenv.Proxy(t, brokerAddr(t, b.URL))
 	startRelay(t, db, b, func(c *Config) { c.AMQPURL = viaProxy(t, b.URL, proxy.Addr()) })
-	ctx := testenv.Context(t, 4*time.Minute)
+	ctx := testenv.WorkContext(t)
 
 	// The faults come from their own goroutine, each once the consumer has
 	// seen a given number of messages, so they hit the stream while it
@@ -93,19 +94,19 @@ func TestRelaySurvivesBrokerRestart(t *testing.T) {
 	// TestIdleRelayStatements (its own server): the only parallel test
 	// under the default relay name on the shared server.
 	t.Parallel()
-	const backlog, duringOutage = 20_000, 2_000
+	const backlog, duringOutage = 8_000, 1_000
 	node := testenv.StartRabbitMQ(t)
 	b := node.Broker(t)
 	db := testenv.MySQL(t)
 	db.Migrate(testenv.Context(t, time.Minute), t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, nil)
-	ctx := testenv.Context(t, 4*time.Minute)
+	ctx := testenv.WorkContext(t)
 
 	// Mostly large transactions: the backlog is written faster than the
 	// broker takes it, so the relay is mid-stream when the broker stops.
 	produce(ctx, t, db, b, v, load{producers: 8, partitions: 100, total: backlog, bigTxn: 500, bigShare: 0.9})
-	waitReceived(ctx, t, v, 3_000)
+	waitReceived(ctx, t, v, 1_500)
 	before := distinct(v)
 	if before >= backlog {
 		t.Fatalf("the stream ended (%d messages arrived) before the broker could be stopped: the test would prove nothing", before)
@@ -149,16 +150,16 @@ func TestRelaySurvivesBrokerRestart(t *testing.T) {
 // distinct is the number of different messages v has seen.
 func distinct(v *validator.Validator) int { return v.Received() - v.Duplicates() }
 
-// pollUntil polls cond until it holds or ctx ends.
+// pollUntil polls cond until it holds, for one step of a test: it fails when
+// cond has not held for progress.Patience, or ctx ends.
 func pollUntil(ctx context.Context, cond func() bool) error {
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
+	return progress.Wait(ctx, "wait for a condition", nil, cond)
+}
+
+// pollWhile polls cond until it holds while measure moves: it fails when
+// measure has not moved for progress.Patience, or ctx ends.
+func pollWhile(ctx context.Context, measure func() float64, cond func() bool) error {
+	return progress.Wait(ctx, "wait for a condition", func() int64 { return int64(measure()) }, cond)
 }
 
 // brokerAddr is the host:port of an AMQP URL.

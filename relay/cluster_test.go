@@ -9,15 +9,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
-// clusterTotal and clusterKeys are each fault's load: 20,000 messages (at least)
+// clusterTotal and clusterKeys are each fault's load: 5,000 messages (at least)
 // over 200 partition keys from concurrent producers.
-const clusterTotal, clusterKeys = 20_000, 200
+const clusterTotal, clusterKeys = 5_000, 200
 
 // The relay publishes into a quorum queue (and a classic queue bound to the
 // same exchange) on a three-node RabbitMQ cluster, given every node's URL,
@@ -40,9 +41,9 @@ func TestRelayOnCluster(t *testing.T) {
 	// started again once the relay has moved to another node.
 	t.Run("connected_node_killed", func(t *testing.T) {
 		r := startClusterRun(t, c, 2, []int{0, 1, 2})
-		ctx := testenv.Context(t, 3*time.Minute)
+		ctx := testenv.WorkContext(t)
 		load := r.produce(ctx, 0)
-		r.waitPublished(ctx, 3_000)
+		r.waitPublished(ctx, 1_000)
 		node := r.connectedNode(t)
 		c.Node(node).Kill(t)
 		t.Logf("killed node %d, the relay's, after %v messages were confirmed", node, r.published(t))
@@ -56,10 +57,10 @@ func TestRelayOnCluster(t *testing.T) {
 	// (to another node) staying up.
 	t.Run("quorum_leader_killed", func(t *testing.T) {
 		r := startClusterRun(t, c, 2, []int{1, 2, 0})
-		ctx := testenv.Context(t, 3*time.Minute)
+		ctx := testenv.WorkContext(t)
 		leader := c.QuorumLeader(t, r.b.Quorum)
 		load := r.produce(ctx, 0)
-		r.waitPublished(ctx, 3_000)
+		r.waitPublished(ctx, 1_000)
 		if node := r.connectedNode(t); node == leader {
 			t.Fatalf("the relay is connected to node %d, the leader: this would repeat the first fault", node)
 		}
@@ -75,9 +76,9 @@ func TestRelayOnCluster(t *testing.T) {
 	// bound, says so on readiness, and resumes by itself.
 	t.Run("majority_lost", func(t *testing.T) {
 		r := startClusterRun(t, c, 0, []int{0, 1, 2})
-		ctx := testenv.Context(t, 3*time.Minute)
+		ctx := testenv.WorkContext(t)
 		load := r.produce(ctx, 0)
-		r.waitPublished(ctx, 3_000)
+		r.waitPublished(ctx, 1_000)
 		if node := r.connectedNode(t); node != 0 {
 			t.Fatalf("the relay is connected to node %d, want 0", node)
 		}
@@ -135,12 +136,12 @@ func TestRelayOnCluster(t *testing.T) {
 	// at a steady pace.
 	t.Run("rolling_restart", func(t *testing.T) {
 		r := startClusterRun(t, c, 2, []int{0, 1, 2})
-		ctx := testenv.Context(t, 3*time.Minute)
+		ctx := testenv.WorkContext(t)
 		// The producers write until the last node is back: however long
 		// a restart takes, each one happens under load.
 		restarted := make(chan struct{})
-		load := r.produceUntil(ctx, 40*time.Millisecond, restarted)
-		r.waitPublished(ctx, 1_000)
+		load := r.produceUntil(ctx, 200*time.Millisecond, restarted)
+		r.waitPublished(ctx, 300)
 		for i := range testenv.ClusterSize {
 			began, before := time.Now(), r.published(t)
 			c.Node(i).Stop(t)
@@ -215,7 +216,7 @@ func (r *clusterRun) brokerStatus(ctx context.Context) *operator.BrokerState {
 // produce writes the load in the background; the channel gets its end.
 // With pace 0 it is written as fast as it goes, one transaction in five
 // of 100 rows; with a pace, one in fifty, each producer pausing pace after
-// each transaction (about 850 transactions per producer).
+// each transaction.
 func (r *clusterRun) produce(ctx context.Context, pace time.Duration) <-chan error {
 	return r.produceUntil(ctx, pace, nil)
 }
@@ -246,7 +247,7 @@ func (r *clusterRun) published(t *testing.T) float64 {
 // by then every message was: the fault would come after the stream.
 func (r *clusterRun) waitPublished(ctx context.Context, n float64) {
 	r.t.Helper()
-	if err := pollUntil(ctx, func() bool { return r.published(r.t) >= n }); err != nil {
+	if err := pollWhile(ctx, func() float64 { return r.published(r.t) }, func() bool { return r.published(r.t) >= n }); err != nil {
 		r.t.Fatalf("only %v messages confirmed, waited for %v: %v", r.published(r.t), n, err)
 	}
 	if p := r.published(r.t); p >= clusterTotal {
@@ -290,13 +291,20 @@ func (r *clusterRun) waitMoved(ctx context.Context, from int) {
 func (r *clusterRun) finish(ctx context.Context, load <-chan error, faults int, classicWhole bool) {
 	t := r.t
 	t.Helper()
-	select {
-	case err := <-load:
-		if err != nil {
-			t.Fatal(err)
+	var loadErr error
+	finished := func() bool {
+		select {
+		case loadErr = <-load:
+			return true
+		default:
+			return false
 		}
-	case <-ctx.Done():
-		t.Fatal("the producers did not finish")
+	}
+	if err := progress.Wait(ctx, "wait for the producers", func() int64 { return int64(r.v.ExpectedCount()) }, finished); err != nil {
+		t.Fatalf("the producers did not finish (%d messages written): %v", r.v.ExpectedCount(), err)
+	}
+	if loadErr != nil {
+		t.Fatal(loadErr)
 	}
 	r.c.Restore(t)
 	vc := r.v.Clone()

@@ -67,7 +67,7 @@ func wantActive(ctx context.Context, t *testing.T, db *sql.DB) {
 // clears it; another refusal, then `resume`, clears it too.
 func TestStatusFailedOnGrantRefusalClearedByNextTermAndResume(t *testing.T) {
 	srv, db, b := privateSetup(t)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	root := srv.Root(t)
 	for _, q := range []string{
 		"CREATE USER 'relay'@'127.0.0.1' IDENTIFIED BY 'relay-secret'",
@@ -122,7 +122,7 @@ func TestStatusFailedOnGrantRefusalClearedByNextTermAndResume(t *testing.T) {
 // progress row FAILED naming the column before it exits.
 func TestStatusFailedOnSchemaMismatch(t *testing.T) {
 	_, db, b := privateSetup(t)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	rr := runRelay(t, Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, Mode: ModeBinlog,
 		HeartbeatInterval: 500 * time.Millisecond}, nil)
 	waitFor(ctx, t, rr, "tailing", rr.r.Tailing)
@@ -154,7 +154,7 @@ func TestStatusFailedOnSchemaMismatch(t *testing.T) {
 // list the server's replicas, so the clash check runs.)
 func TestBinlogStandbySharesTheLeadersServerID(t *testing.T) {
 	srv, db, b := privateSetup(t)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	cfg := Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, Mode: ModeBinlog,
 		HeartbeatInterval: 500 * time.Millisecond, ServerID: testenv.ServerID(t)}
 	first := runRelay(t, cfg, nil)

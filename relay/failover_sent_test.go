@@ -35,7 +35,7 @@ const bigTxnRows = 3_000
 func TestRelayRefusesFailoverLosingPartlyPublishedTxn(t *testing.T) {
 	for _, mode := range []Mode{ModeAuto, ModeBinlog} {
 		t.Run(string(mode), func(t *testing.T) {
-			ctx := testenv.Context(t, 3*time.Minute)
+			ctx := testenv.WorkContext(t)
 			state := filepath.Join(t.TempDir(), "relay-state.json")
 			f := stoppedReplicaRig(ctx, t, false, func(c *Config) { c.Mode = mode; c.StateFile = state })
 			before := f.v.Received()
@@ -87,7 +87,7 @@ func TestRelayRefusesFailoverLosingPartlyPublishedTxn(t *testing.T) {
 // an auto relay must not start a poll term that publishes on; it refuses as
 // it does in binlog mode.
 func TestRelayAutoRefusesLossyFailoverToUnreadableBinlog(t *testing.T) {
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	f := lossyRig(ctx, t, false)
 	if _, err := f.replica.Root(t).ExecContext(ctx, "SET GLOBAL binlog_row_metadata = MINIMAL"); err != nil {
 		t.Fatal(err)

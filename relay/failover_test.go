@@ -128,10 +128,10 @@ func failoverCount(ctx context.Context, t *testing.T, db *sql.DB, q string) int 
 // replicated checkpoint (the unacknowledged tail) may arrive twice.
 func TestRelayFailoverToCaughtUpReplica(t *testing.T) {
 	f := newFailoverRig(t, false)
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
 
-	const total = 20_000
+	const total = 5_000
 	produce(ctx, t, f.db, f.b, f.v, load{producers: 4, partitions: 40, total: total, bigTxn: 500, bigShare: 0.9})
 	f.primary.WaitReplicaCaughtUp(t, f.replica)
 	before := f.v.Received()
@@ -220,7 +220,7 @@ func stoppedReplicaRig(ctx context.Context, t *testing.T, accept bool, tweak ...
 // domain only, would pass: the row is the replica's own, and the replica's
 // next transactions reuse the lost sequence numbers under its own server id.
 func TestRelayRefusesLossyFailover(t *testing.T) {
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	f, _ := lossyFailover(ctx, t, false)
 	// The relay reconnects within seconds (its backoff is capped at 10 s);
 	// a minute without stopping is a relay that resumed on the server.
@@ -257,7 +257,7 @@ func TestRelayRefusesLossyFailover(t *testing.T) {
 // With AcceptLostGTIDs the relay resumes on the promoted replica from the
 // server's own position and delivers everything written there afterwards.
 func TestRelayAcceptsLostGTIDs(t *testing.T) {
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	f, rdb := lossyFailover(ctx, t, true)
 	produce(ctx, t, &testenv.DB{SQL: rdb}, f.b, f.v, load{producers: 2, partitions: 10, total: 300, bigTxn: 10, bigShare: 0.3})
 	if err := f.v.WaitComplete(ctx); err != nil {
@@ -283,7 +283,7 @@ func TestRelayAcceptsLostGTIDs(t *testing.T) {
 // order per partition.
 func TestRelayFailoverToReplicaWithOtherDomain(t *testing.T) {
 	f := newFailoverRig(t, false)
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
 	// Taken by the sessions the replica opens from now on: the ones after
 	// its promotion (replicated transactions keep their own domain).
@@ -342,7 +342,7 @@ func TestRelayFailoverToReplicaWithOtherDomain(t *testing.T) {
 // limit). With the --state-file the old process kept, it refuses as the old
 // process does, naming the file.
 func TestRelayStateFileCatchesLossyFailoverAfterRestart(t *testing.T) {
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	state := filepath.Join(t.TempDir(), "relay-state.json")
 	f, _ := lossyFailover(ctx, t, false, func(c *Config) { c.StateFile = state })
 	// The old process notices on its own reconnection (as in

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 )
@@ -83,6 +84,10 @@ func waitMode(ctx context.Context, t *testing.T, m *modes, rr *relayRun, mode Mo
 			m.mu.Lock()
 			defer m.mu.Unlock()
 			t.Fatalf("relay never entered %s mode (modes so far: %v)", mode, m.seen)
+		case <-time.After(progress.Patience):
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			t.Fatalf("relay did not enter %s mode within %v (modes so far: %v)", mode, progress.Patience, m.seen)
 		}
 	}
 }
@@ -90,16 +95,21 @@ func waitMode(ctx context.Context, t *testing.T, m *modes, rr *relayRun, mode Mo
 // waitFor waits until cond holds, failing at once if Run returns.
 func waitFor(ctx context.Context, t *testing.T, rr *relayRun, what string, cond func() bool) {
 	t.Helper()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
+	stopped := false
+	err := progress.Wait(ctx, "wait until the relay is "+what, nil, func() bool {
 		select {
 		case <-rr.done:
-			t.Fatalf("relay stopped (Run returned %v) before %s", rr.err, what)
-		case <-ctx.Done():
-			t.Fatalf("relay not %s in time", what)
-		case <-tick.C:
+			stopped = true
+			return true
+		default:
+			return cond()
 		}
+	})
+	if stopped {
+		t.Fatalf("relay stopped (Run returned %v) before %s", rr.err, what)
+	}
+	if err != nil {
+		t.Fatalf("relay not %s in time: %v", what, err)
 	}
 }
 
@@ -113,7 +123,7 @@ func TestFallsBackWhenBinlogConnectionHangs(t *testing.T) {
 	srv, db, b := privateSetup(t)
 	proxy := testenv.Proxy(t, srv.Addr())
 	v := consume(t, b, b.Queue)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	m := newModes()
 	const fallbackAfter = 3 * time.Second
 	var reason string

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -35,7 +36,7 @@ func durableSetup(t *testing.T) (*testenv.Server, *testenv.DB, *testenv.Broker) 
 func TestHandoverUnderConcurrentProducers(t *testing.T) {
 	_, db, b := durableSetup(t)
 	v := consume(t, b, b.Queue)
-	ctx := testenv.Context(t, 4*time.Minute)
+	ctx := testenv.WorkContext(t)
 
 	// The producers run in rounds until told to stop: the partitions of a
 	// producer stay its own from round to round, so commit order per
@@ -101,13 +102,8 @@ func TestHandoverUnderConcurrentProducers(t *testing.T) {
 // waitCaughtUp waits until at most lag committed messages are undelivered.
 func waitCaughtUp(ctx context.Context, t *testing.T, v *validator.Validator, lag int) {
 	t.Helper()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for v.Missing() > lag {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the relay never caught up: %d messages undelivered", v.Missing())
-		case <-tick.C:
-		}
+	received := func() int64 { return int64(v.Received()) }
+	if err := progress.Wait(ctx, "wait for the relay to catch up", received, func() bool { return v.Missing() <= lag }); err != nil {
+		t.Fatalf("the relay never caught up: %d messages undelivered: %v", v.Missing(), err)
 	}
 }

@@ -24,7 +24,7 @@ func TestIdleRelayStatements(t *testing.T) {
 	t.Parallel() // its own server: the statements counted are its relay's alone
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db.Migrate(ctx, t)
 	b := testenv.RabbitMQ(t)
 	const (

@@ -53,7 +53,7 @@ func TestPollModeDeliversExactlyOnceInOrder(t *testing.T) {
 	for _, tc := range []struct {
 		mark  bool
 		total int
-	}{{false, 20_000}, {true, 5_000}} {
+	}{{false, 6_000}, {true, 2_000}} {
 		t.Run(fmt.Sprintf("mark=%v", tc.mark), func(t *testing.T) {
 			db, b := setup(t)
 			v := consume(t, b, b.Queue)
@@ -63,7 +63,7 @@ func TestPollModeDeliversExactlyOnceInOrder(t *testing.T) {
 					c.OnDelivered = "mark"
 				}
 			})
-			ctx := testenv.Context(t, 4*time.Minute)
+			ctx := testenv.WorkContext(t)
 			produce(ctx, t, db, b, v, load{producers: 8, partitions: 200, total: tc.total, bigTxn: 500, bigShare: 0.5})
 			if err := v.WaitComplete(ctx); err != nil {
 				t.Fatal(err)
@@ -86,13 +86,13 @@ func TestPollModeDeliversExactlyOnceInOrder(t *testing.T) {
 func TestFirstStartWithBacklogAndLiveProducers(t *testing.T) {
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
-	ctx := testenv.Context(t, 4*time.Minute)
+	ctx := testenv.WorkContext(t)
 	// Partitions 0-99 for the backlog writers, 100-199 for the live ones:
 	// each partition has one writer, so its commit order is known.
-	produce(ctx, t, db, b, v, load{producers: 4, partitions: 100, total: 10_000, bigTxn: 500, bigShare: 0.7})
+	produce(ctx, t, db, b, v, load{producers: 4, partitions: 100, total: 4_000, bigTxn: 500, bigShare: 0.7})
 	live := make(chan error, 1)
 	go func() {
-		live <- testload.Run(ctx, db.SQL, v, testload.Load{Producers: 4, Partitions: 100, Total: 10_000,
+		live <- testload.Run(ctx, db.SQL, v, testload.Load{Producers: 4, Partitions: 100, Total: 4_000,
 			BigTxn: 50, BigShare: 0.3, Exchange: b.Exchange, PartitionOffset: 100})
 	}()
 	startRelay(t, db, b, nil)
@@ -108,13 +108,13 @@ func TestFirstStartWithBacklogAndLiveProducers(t *testing.T) {
 	}
 }
 
-// Relay stopped, 20,000 rows written, binlogs flushed and purged past the
+// Relay stopped, 6,000 rows written, binlogs flushed and purged past the
 // checkpoint, relay started: it polls, catches up, returns to binlog mode,
 // and nothing is lost.
 func TestPurgedCheckpointPollsThenReturnsToBinlog(t *testing.T) {
 	srv, db, b := privateSetup(t)
 	v := consume(t, b, b.Queue)
-	ctx := testenv.Context(t, 4*time.Minute)
+	ctx := testenv.WorkContext(t)
 	stop := startRelay(t, db, b, nil)
 	produce(ctx, t, db, b, v, load{producers: 2, partitions: 20, total: 1_000, bigTxn: 100, bigShare: 0.5})
 	if err := v.WaitComplete(ctx); err != nil {
@@ -125,7 +125,7 @@ func TestPurgedCheckpointPollsThenReturnsToBinlog(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	produce(ctx, t, db, b, v, load{producers: 4, partitions: 100, total: 20_000, bigTxn: 500, bigShare: 0.7})
+	produce(ctx, t, db, b, v, load{producers: 4, partitions: 100, total: 6_000, bigTxn: 500, bigShare: 0.7})
 	srv.PurgeBinlogs(t)
 	m := newModes()
 	startRelay(t, db, b, func(c *Config) { c.OnMode, c.BinlogRetryInterval = m.hook, 500*time.Millisecond })
@@ -144,7 +144,7 @@ func TestPurgedCheckpointPollsThenReturnsToBinlog(t *testing.T) {
 func TestBinlogOffPolls(t *testing.T) {
 	srv := testenv.StartServer(t, testenv.ServerOptions{NoBinlog: true})
 	db := srv.CreateDatabase(t)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db.Migrate(ctx, t)
 	b := testenv.RabbitMQ(t)
 	v := consume(t, b, b.Queue)
@@ -218,7 +218,7 @@ func revokeAndCut(ctx context.Context, t *testing.T, root *sql.DB) {
 }
 
 // Under continuous load from 8 producers, REPLICATION SLAVE is revoked and
-// granted again ten times: each revoke makes the binlog reconnect fail with
+// granted again six times: each revoke makes the binlog reconnect fail with
 // an access error, which sends the relay to poll mode at once (an error
 // retrying cannot fix; --fallback-after is for trouble that might pass, and
 // TestFallsBackWhenBinlogConnectionHangs tests it), and each grant brings it
@@ -229,7 +229,7 @@ func TestSwitchesUnderLoad(t *testing.T) {
 	root := srv.Root(t)
 	dsn := relayUser(t, root, srv, db.Name)
 	v := consume(t, b, b.Queue)
-	ctx := testenv.Context(t, 6*time.Minute)
+	ctx := testenv.WorkContext(t)
 	m := newModes()
 	startRelay(t, db, b, func(c *Config) {
 		c.MySQLDSN, c.OnMode = dsn, m.hook
@@ -237,12 +237,14 @@ func TestSwitchesUnderLoad(t *testing.T) {
 	})
 	m.wait(ctx, t, ModeBinlog)
 
-	loadDone := make(chan error, 1)
+	// The producers write until the last switch is done: however long a
+	// switch takes, each one happens under load.
+	loadDone, switched := make(chan error, 1), make(chan struct{})
 	go func() {
-		loadDone <- testload.Run(ctx, db.SQL, v, testload.Load{Producers: 8, Partitions: 200, Total: 40_000,
-			BigTxn: 50, BigShare: 0.1, Exchange: b.Exchange, Pace: 15 * time.Millisecond})
+		loadDone <- testload.Run(ctx, db.SQL, v, testload.Load{Producers: 8, Partitions: 200, Total: 4_000,
+			BigTxn: 50, BigShare: 0.1, Exchange: b.Exchange, Pace: 15 * time.Millisecond, Until: switched})
 	}()
-	const cycles = 10
+	const cycles = 6
 	for i := 0; i < cycles; i++ {
 		revokeAndCut(ctx, t, root)
 		m.wait(ctx, t, ModePoll)
@@ -251,6 +253,7 @@ func TestSwitchesUnderLoad(t *testing.T) {
 		}
 		m.wait(ctx, t, ModeBinlog)
 	}
+	close(switched)
 	if err := <-loadDone; err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func TestRelayNackedKeepsOrderPerKey(t *testing.T) {
 		// Every nack is logged; thousands of them would bury the test output.
 		c.Logger = zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)).Named("relay")
 	})
-	ctx := testenv.Context(t, 90*time.Second)
+	ctx := testenv.WorkContext(t)
 
 	produce(ctx, t, db, b, v, load{producers: 3, partitions: 30, total: 3_000, bigTxn: 100, bigShare: 0.3})
 	if err := v.WaitComplete(ctx); err != nil {

@@ -53,7 +53,7 @@ func tableUser(ctx context.Context, t *testing.T, root *sql.DB, srv *testenv.Ser
 func TestPurgedPositionAndFailedFinalAckKeepRunning(t *testing.T) {
 	srv, db, b := privateSetup(t)
 	root := srv.Root(t)
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	dsn := tableUser(ctx, t, root, srv, db.Name)
 	proxy := testenv.Proxy(t, srv.Addr())
 	v := consume(t, b, b.Queue)

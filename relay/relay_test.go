@@ -19,9 +19,9 @@ func TestRelayDeliversEveryMessageOnceInOrder(t *testing.T) {
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	stop := startRelay(t, db, b, nil)
-	ctx := testenv.Context(t, 4*time.Minute)
+	ctx := testenv.WorkContext(t)
 
-	produce(ctx, t, db, b, v, load{producers: 8, partitions: 200, total: 20_000, bigTxn: 500, bigShare: 0.5})
+	produce(ctx, t, db, b, v, load{producers: 8, partitions: 200, total: 8_000, bigTxn: 500, bigShare: 0.5})
 	if err := v.WaitComplete(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestRelayMarkMode(t *testing.T) {
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, func(c *Config) { c.OnDelivered = "mark" })
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 
 	produce(ctx, t, db, b, v, load{producers: 4, partitions: 20, total: 2_000, bigTxn: 100, bigShare: 0.5})
 	if err := v.WaitComplete(ctx); err != nil {
@@ -61,7 +61,7 @@ func TestRelayMarkMode(t *testing.T) {
 // in order.
 func TestRelayUnroutableGoesToFailedAndPartitionMovesOn(t *testing.T) {
 	db, b := setup(t)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	unbound := b.Exchange + ".unbound"
 	declareExchange(t, b.URL, unbound)
 	v := consume(t, b, b.Queue)

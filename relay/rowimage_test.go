@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -19,7 +18,7 @@ import (
 func TestRelayAcknowledgesWithMinimalRowImage(t *testing.T) {
 	srv, db, b := privateSetup(t)
 	startRelay(t, db, b, nil)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	const rows, payloadBytes = 40, 2000
 	payload := []byte(`"` + strings.Repeat("x", payloadBytes-2) + `"`)
 	for i := range rows {

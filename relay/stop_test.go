@@ -16,7 +16,7 @@ import (
 // pending, and a relay with the broker delivers each exactly once.
 func TestBinlogStopWithBrokerUnreachableDoesNotWait(t *testing.T) {
 	_, db, b := privateSetup(t)
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	v := consume(t, b, b.Queue)
 	const rows = 200
 	produce(ctx, t, db, b, v, load{producers: 1, partitions: 10, total: rows, bigTxn: 10, bigShare: 0.5})

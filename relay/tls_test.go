@@ -38,7 +38,7 @@ func TestRelayBinlogOverTLS(t *testing.T) {
 			db.Migrate(testenv.Context(t, time.Minute), t)
 			b := testenv.RabbitMQ(t)
 			v := consume(t, b, b.Queue)
-			ctx := testenv.Context(t, 90*time.Second)
+			ctx := testenv.WorkContext(t)
 			startRelay(t, db, b, func(c *Config) {
 				c.MySQLDSN, c.Mode = withParam(db.DSN, tc.param), ModeBinlog
 			})

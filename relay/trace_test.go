@@ -35,7 +35,7 @@ func TestRelayCarriesTheTrace(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	stop := startRelay(t, db, b, func(c *Config) { c.Tracer = tp.Tracer(publish.TracerName) })
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 
 	// The producer: one request span, one transaction of 20 messages over
 	// 4 keys, then one row with a malformed traceparent written without a

@@ -31,7 +31,7 @@ func TestReplayTimeRange(t *testing.T) {
 	db := srv.CreateDatabase(t)
 	migrated(t, db)
 	b := testenv.RabbitMQ(t)
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 
 	// Many files before the ones that matter: a search that read every
 	// file's start would show in FilesProbed.

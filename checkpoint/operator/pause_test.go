@@ -157,7 +157,7 @@ func readOne(ctx context.Context, t *testing.T, db *sql.DB) operator.RelayStatus
 // has begun its wait, is not lost: the leader sees the pause at once, not
 // at the next heartbeat a minute later.
 func TestWakeRightAfterAcquireIsSeen(t *testing.T) {
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := leaderDB(ctx, t)
 	el, err := leadership.New(db, leadership.Config{HeartbeatInterval: time.Minute})
 	if err != nil {

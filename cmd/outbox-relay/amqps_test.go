@@ -93,7 +93,7 @@ func TestRunAMQPS(t *testing.T) {
 
 	t.Run("password_file_rotation", func(t *testing.T) {
 		const user, first, second = "relay-pw", "first-Secret-7f3a", "second-Secret-91cc"
-		ctx := testenv.Context(t, 3*time.Minute)
+		ctx := testenv.WorkContext(t)
 		b.node.AddUser(t, user, first)
 		pwFile := filepath.Join(t.TempDir(), "amqp-password")
 		writeSecret(t, pwFile, first+"\n")
@@ -133,7 +133,7 @@ func TestRunAMQPS(t *testing.T) {
 	})
 
 	t.Run("external", func(t *testing.T) {
-		ctx := testenv.Context(t, 2*time.Minute)
+		ctx := testenv.WorkContext(t)
 		b.node.AddUser(t, tlsClientCN, "") // no password: EXTERNAL only
 		db := srv.CreateDatabase(t)
 		migrate(t, db.DSN)

@@ -15,7 +15,7 @@ import (
 // hole) and since when, clears that once confirms come again, and names no
 // node after a clean stop.
 func TestCLIStatusBroker(t *testing.T) {
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)

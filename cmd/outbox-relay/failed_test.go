@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -281,7 +282,7 @@ func collect(t *testing.T, url, queue string) func() []delivery {
 // payload, after the rows of its partition key that were already waiting
 // and before the one enqueued after the retry.
 func TestCLIFailedRetryIsDeliveredInOrder(t *testing.T) {
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := opsDB(t)
 	b := testenv.RabbitMQ(t)
 	got := collect(t, b.URL, b.Queue)
@@ -336,7 +337,7 @@ func TestCLIFailedRetryIsDeliveredInOrder(t *testing.T) {
 // each gets a log line naming its message id, whether the relay polls or
 // reads the binlog.
 func TestCLIFailedRowsSameInBothModes(t *testing.T) {
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	reasons := map[string][2]string{}
 	for _, mode := range []string{"poll", "binlog"} {
 		db := opsDB(t)
@@ -416,12 +417,9 @@ func publishRaw(ctx context.Context, t *testing.T, b *testenv.Broker, key string
 // waitCount waits until query returns n.
 func waitCount(ctx context.Context, t *testing.T, db *testenv.DB, n int, query string) {
 	t.Helper()
-	for opsCount(t, db, query) != n {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: %d, waited for %d: %v", query, opsCount(t, db, query), n, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
+	count := func() int64 { return int64(opsCount(t, db, query)) }
+	if err := progress.Wait(ctx, query, count, func() bool { return count() == int64(n) }); err != nil {
+		t.Fatalf("%s: %d, waited for %d: %v", query, opsCount(t, db, query), n, err)
 	}
 }
 
@@ -435,7 +433,7 @@ func waitCount(ctx context.Context, t *testing.T, db *testenv.DB, n int, query s
 // the inbox processes each one: none is lost, none is taken for a
 // duplicate of another.
 func TestCLIFailedRetryWithoutUUID(t *testing.T) {
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := opsDB(t)
 	b := testenv.RabbitMQ(t)
 	inbox := startInboxEffects(ctx, t, db, b, b.Queue)

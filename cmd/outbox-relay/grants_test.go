@@ -152,7 +152,7 @@ func openAs(t *testing.T, dsn string) *sql.DB {
 // Then run's own grants are taken away one at a time: run refuses to start
 // (exit 2), naming the privilege, the table and the GRANT that adds it.
 func TestGrantsPerRole(t *testing.T) {
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	roles := docGrants(t)

@@ -158,7 +158,7 @@ func TestCLIPartitions(t *testing.T) {
 // mode) and keeps the partitions of a partitioned table, without an
 // operator.
 func TestCLIRunMaintenance(t *testing.T) {
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := opsDB(t, "--partitioned")
 	b := testenv.RabbitMQ(t)
 	for range 3 {

@@ -221,7 +221,7 @@ func (f *failover) finish() int {
 // within the lease, nothing is lost, order per key holds.
 func TestLeaderFailoverSIGKILL(t *testing.T) {
 	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	f := startFailover(t, ctx, db, b, nil)
@@ -258,7 +258,7 @@ func TestLeaderFailoverSIGSTOPPoll(t *testing.T) { testLeaderFailoverSIGSTOP(t, 
 // flags.
 func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	f := startFailover(t, ctx, db, b, nil, extra...)
@@ -308,7 +308,7 @@ func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 // connection), the standby takes over, nothing is lost.
 func TestLeaderLosesLockConnection(t *testing.T) {
 	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	proxy := testenv.Proxy(t, db.Host+":"+strconv.Itoa(db.Port))
@@ -352,7 +352,7 @@ func TestLeaderFailoverLockKilledWhileStopped(t *testing.T) {
 	// A longer lease than the other failover tests: the old leader is woken
 	// well inside it, after a standby had time to take the free lock.
 	const lease = 10 * time.Second
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	amqpURL, err := url.Parse(b.URL)

@@ -15,7 +15,7 @@ import (
 // heartbeat starts and tails, where it used to exit 2 with "leader-lease
 // 10s: at least 3 heartbeat intervals".
 func TestRunLeaseFollowsHeartbeat(t *testing.T) {
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)

@@ -95,7 +95,7 @@ func testMetricsMove(t *testing.T, mode string) {
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	v := consumeAll(t, b)
 	p := newRelayProc(t, relayArgs(t, db, b, "--mode", mode)...)
 	p.start()
@@ -145,7 +145,7 @@ func TestRunReadyzFollowsTheDatabase(t *testing.T) {
 	db := srv.CreateDatabase(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	p := newRelayProc(t, relayArgs(t, db, b, "--heartbeat-interval", "500ms")...)
 	p.start()
 	p.waitLog(ctx, "tailing the binlog")
@@ -183,10 +183,10 @@ func TestRunReadyzFollowsTheDatabase(t *testing.T) {
 func TestBenchShortModeJSON(t *testing.T) {
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
-	ctx := testenv.Context(t, 5*time.Minute)
+	ctx := testenv.WorkContext(t)
 	url := testenv.RabbitMQ(t).URL
 	cmd := exec.CommandContext(ctx, relayBinary(t), "bench", "--mysql-dsn", db.DSN, "--amqp-url", url,
-		"--backlog", "2000", "--duration", "2s", "--runs", "1", "--shape-backlog", "500", "--json")
+		"--backlog", "500", "--duration", "1s", "--runs", "1", "--shape-backlog", "200", "--json")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -31,7 +31,7 @@ func TestCLIPauseResume(t *testing.T) {
 }
 
 func testPauseResume(t *testing.T, mode string) {
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
@@ -176,7 +176,7 @@ func testPauseResume(t *testing.T, mode string) {
 // paused with no leader running is paused at once, and the next leader
 // starts paused, publishing nothing until resume.
 func TestCLIPauseWithoutLeader(t *testing.T) {
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
@@ -237,7 +237,7 @@ func TestCLIPauseWithoutLeader(t *testing.T) {
 // order per partition key.
 func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
 	const total = 15_000
-	ctx := testenv.Context(t, 5*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
@@ -303,13 +303,13 @@ func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Enough rows that the stop, once 1,000 have arrived, cuts the
-			// work under way: 20,000 in one transaction; 6,000 pending (the
+			// work under way: 10,000 in one transaction; 6,000 pending (the
 			// sweep's rounds are 500 rows).
-			total := 20_000
+			total := 10_000
 			if tc.pending {
 				total = 6_000
 			}
-			ctx := testenv.Context(t, 4*time.Minute)
+			ctx := testenv.WorkContext(t)
 			db := testenv.MySQL(t)
 			b := testenv.RabbitMQ(t)
 			migrate(t, db.DSN)

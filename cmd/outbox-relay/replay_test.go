@@ -130,7 +130,7 @@ func binlogPos(ctx context.Context, t *testing.T, db *testenv.DB) string {
 // (the replay reads with its own server id). A dry run with filters counts
 // and publishes nothing; a reversed range is refused with exit code 2.
 func TestReplayWhileRelayRuns(t *testing.T) {
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)

@@ -276,7 +276,7 @@ func leakSession(t *testing.T, scan *leakScanner, bin string, s *leakSetup) {
 			t.Errorf("%s: exit %d, want 0\nstdout: %s\nstderr: %s", what, r.code, r.stdout, r.stderr)
 		}
 	}
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	ops("migrate", "--partitioned")
 	position := "0-1-1" // any, where the database does not answer
 	if s.root != nil {

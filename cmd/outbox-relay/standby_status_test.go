@@ -39,7 +39,7 @@ func standbyNamed(s statusJSON, instance string) *standbyJSON {
 // alive; a standby stopped with SIGTERM disappears from the list.
 func TestStatusShowsStandbys(t *testing.T) {
 	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
-	ctx := testenv.Context(t, 2*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)

@@ -72,7 +72,7 @@ func TestCLIStatusAndCheckpoint(t *testing.T) {
 	db := srv.CreateDatabase(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	p := newRelayProc(t, relayArgs(t, db, b, leaderFlags()...)...)
 	p.start()
 	p.waitLog(ctx, "tailing the binlog")

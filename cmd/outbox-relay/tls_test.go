@@ -35,7 +35,7 @@ func TestCLIMySQLTLS(t *testing.T) {
 	verify := []string{"--mysql-tls-ca", ca.CertFile}
 
 	t.Run("CA verifies the server", func(t *testing.T) {
-		ctx := testenv.Context(t, 2*time.Minute)
+		ctx := testenv.WorkContext(t)
 		db := srv.CreateDatabase(t)
 		b := testenv.RabbitMQ(t)
 		migrateTLS(t, db, verify...)
@@ -66,7 +66,7 @@ func TestCLIMySQLTLS(t *testing.T) {
 	})
 
 	t.Run("REQUIRE X509 user with a client certificate and a password file", func(t *testing.T) {
-		ctx := testenv.Context(t, 2*time.Minute)
+		ctx := testenv.WorkContext(t)
 		db := srv.CreateDatabase(t)
 		b := testenv.RabbitMQ(t)
 		migrateTLS(t, db, verify...)

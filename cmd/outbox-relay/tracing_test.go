@@ -92,7 +92,7 @@ func (r *otlpReceiver) byMessageID() (map[string]*tracepb.Span, map[string]strin
 // link: the producer's span), with the enqueue-to-publish delay, as service
 // outbox-relay; every message arrives once with its traceparent.
 func TestRunTracingExportsOTLP(t *testing.T) {
-	ctx := testenv.Context(t, 3*time.Minute)
+	ctx := testenv.WorkContext(t)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
