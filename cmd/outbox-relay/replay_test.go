@@ -12,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -176,14 +177,9 @@ func TestReplayWhileRelayRuns(t *testing.T) {
 
 	// Everything the replay published is confirmed, so in the queue; the
 	// consumer gets it within seconds.
-	recvCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for len(c.replayed()) < len(rangeMsgs) {
-		select {
-		case <-recvCtx.Done():
-			t.Fatalf("%d replayed deliveries, want %d", len(c.replayed()), len(rangeMsgs))
-		case <-time.After(10 * time.Millisecond):
-		}
+	replayed := func() int64 { return int64(len(c.replayed())) }
+	if err := progress.Wait(ctx, "wait for the replayed deliveries", replayed, func() bool { return len(c.replayed()) >= len(rangeMsgs) }); err != nil {
+		t.Fatalf("%d replayed deliveries, want %d: %v", len(c.replayed()), len(rangeMsgs), err)
 	}
 	checkReplayedCLI(t, c.replayed(), rangeMsgs, b.Exchange)
 
