@@ -2,7 +2,9 @@ package checkpoint
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -192,6 +194,23 @@ func EnsureRow(ctx context.Context, db *sql.DB, relayName string) error {
 // holds (package leadership); MarkFailed marks a relay without a leader
 // by finding it free.
 func LockName(relayName string) string { return "outbox-relay:" + relayName }
+
+// TableLockName is the MySQL user lock (GET_LOCK) that the leader of the
+// relay name publishing outbox table table of database database holds
+// beside LockName for its whole term (package leadership): one relay name
+// per table. It is 'outbox-relay-table:<database>.<table>', or, when that
+// is longer than the 64 characters MySQL allows a lock name,
+// 'outbox-relay-table:' and the first 45 hex digits of the SHA-256 of
+// '<database>.<table>'.
+func TableLockName(database, table string) string {
+	const prefix = "outbox-relay-table:"
+	name := prefix + database + "." + table
+	if len(name) <= 64 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(database + "." + table))
+	return prefix + hex.EncodeToString(sum[:])[:64-len(prefix)]
+}
 
 // CutReason is reason as the progress row's text columns store it
 // (mode_reason, last_error): at most maxReason bytes of valid UTF-8, cut

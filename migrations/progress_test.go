@@ -108,6 +108,41 @@ func TestApplyAddsBroker(t *testing.T) {
 	}
 }
 
+// A progress table from before 0009 (no outbox_table, no leader_lease_ms, a
+// row in it) gets both on the next migrate, NULL, and keeps its row;
+// running migrate again does nothing.
+func TestApplyAddsOutboxTable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := olderSchema(ctx, t,
+		"ALTER TABLE outbox_relay_progress DROP COLUMN leader_lease_ms, DROP COLUMN outbox_table",
+		"DELETE FROM outbox_relay_migrations WHERE version LIKE '0009%'",
+		"INSERT INTO outbox_relay_progress (relay_name, gtid_set, epoch) VALUES ('r', '0-1-7', 3)",
+	)
+	if err := migrations.Current(ctx, db, ""); err == nil {
+		t.Fatal("Current accepts a progress table without outbox_table")
+	}
+	applied, err := migrations.Apply(ctx, db, migrations.Options{})
+	if want := []string{"0009_progress_outbox_table"}; err != nil || !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, %v; want %v", applied, err, want)
+	}
+	var (
+		gtid  string
+		table sql.NullString
+		lease sql.NullInt64
+	)
+	if err := db.QueryRowContext(ctx, "SELECT gtid_set, outbox_table, leader_lease_ms FROM outbox_relay_progress WHERE relay_name = 'r'").
+		Scan(&gtid, &table, &lease); err != nil {
+		t.Fatal(err)
+	}
+	if gtid != "0-1-7" || table.Valid || lease.Valid {
+		t.Fatalf("row after migrate: %q %v %v", gtid, table, lease)
+	}
+	if applied, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil || len(applied) != 0 {
+		t.Fatalf("second migrate applied %v, %v", applied, err)
+	}
+}
+
 // olderSchema migrates a fresh database, then runs queries on it (which
 // take it back to an earlier shape), and returns it.
 func olderSchema(ctx context.Context, t *testing.T, queries ...string) *sql.DB {

@@ -53,6 +53,7 @@ func shapes(outboxTable string) []shape {
 		{"outbox table", outboxTable, outboxCols},
 		{"table", ProgressTable, []column{
 			{"relay_name", "varchar(255)"},
+			{"outbox_table", "varchar(64)"},
 			{"flavor", "varchar(16)"},
 			{"gtid_set", "text"},
 			{"binlog_file", "varchar(255)"},
@@ -69,6 +70,7 @@ func shapes(outboxTable string) []shape {
 			{"leader_instance", "varchar(255)"},
 			{"leader_since", "datetime(6)"},
 			{"leader_heartbeat", "datetime(6)"},
+			{"leader_lease_ms", "bigint unsigned"},
 			{"error_count", "int unsigned"},
 			{"last_error", "varchar(1024)"},
 			{"last_event_at", "datetime(6)"},
@@ -120,10 +122,12 @@ func addedLater(table, column string) bool {
 	// 0005_progress_mode_reason: why the relay is in its mode;
 	// 0006_pause_and_instances: the pause;
 	// 0007_progress_failed_at: when the relay stopped for good;
-	// 0008_progress_broker: the RabbitMQ node and stalled confirms.
+	// 0008_progress_broker: the RabbitMQ node and stalled confirms;
+	// 0009_progress_outbox_table: the table a relay name publishes and
+	// its leader's lease.
 	return table == DedupTable && column == "consumer" ||
 		table == ProgressTable && (column == "mode_reason" || column == "paused_at" || column == "paused_epoch" || column == "failed_at" ||
-			column == "broker" || column == "confirms_stalled_at")
+			column == "broker" || column == "confirms_stalled_at" || column == "outbox_table" || column == "leader_lease_ms")
 }
 
 // ErrSchemaMismatch is matched (errors.Is) by every [*SchemaError].

@@ -147,7 +147,7 @@ func New(cfg Config) (*Relay, error) {
 		return nil, &ConfigError{err}
 	}
 	elector, err := leadership.New(db, leadership.Config{
-		RelayName: cfg.RelayName, Instance: cfg.Instance, HeartbeatInterval: cfg.HeartbeatInterval,
+		RelayName: cfg.RelayName, Table: cfg.Table, Instance: cfg.Instance, HeartbeatInterval: cfg.HeartbeatInterval,
 		LeaderLease: cfg.LeaderLease, Logger: cfg.Logger,
 	})
 	if err != nil {
@@ -179,7 +179,9 @@ func (r *Relay) Close() error { return r.db.Close() }
 
 // Run relays until ctx ends (then it shuts down cleanly and returns nil) or a
 // fatal error: a *ConfigError for setup problems retrying cannot fix (binlog
-// settings, grants, purged checkpoint), another error for a runtime failure.
+// settings, grants, purged checkpoint, a live leader of another relay name
+// on the same outbox table: leadership.ErrTableLed), another error for a
+// runtime failure.
 // Transient trouble — database or broker down, leadership lost — is retried
 // with backoff, resuming from the durable checkpoint.
 //
@@ -215,6 +217,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		case errors.Is(err, leadership.ErrHeld):
 			wait = r.standBy(ctx, err, row, &lastLeader)
 			continue
+		case errors.Is(err, leadership.ErrTableLed):
+			// Another relay name leads the table: leading too would
+			// publish every row twice, and waiting would hide the
+			// misconfiguration. The one already leading keeps leading.
+			err = &ConfigError{err}
+			r.state.setNotReady(err.Error())
+			r.markFailed(ctx, 0, err)
+			return err
 		case err != nil:
 			d := retry.Next()
 			r.state.setNotReady("cannot reach the database to take leadership: " + err.Error())

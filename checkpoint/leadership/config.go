@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Defaults of Config, exported so that the relay and the CLI's flags
@@ -33,7 +34,12 @@ func LeaderLeaseFor(heartbeat time.Duration) time.Duration {
 // Config says whose leadership this is and how it is kept. Zero values
 // take the defaults above (SetDefaults).
 type Config struct {
-	RelayName         string        // default checkpoint.DefaultRelayName
+	RelayName string // default checkpoint.DefaultRelayName
+	// Table is the outbox table the relay name publishes (default
+	// checkpoint.DefaultTable). A leader holds the table's lock
+	// (checkpoint.TableLockName) beside the name's for its whole term, so
+	// no two relay names lead one table (Acquire, TableLedError).
+	Table             string
 	Instance          string        // leader_instance and the outbox_relay_instances row; default host:pid
 	HeartbeatInterval time.Duration // leadership heartbeat; default DefaultHeartbeatInterval
 	LeaderLease       time.Duration // a leader without a heartbeat this long is taken over; default LeaderLeaseFor(HeartbeatInterval), at least 3 heartbeats
@@ -48,6 +54,9 @@ type Config struct {
 func (c *Config) SetDefaults() {
 	if c.RelayName == "" {
 		c.RelayName = checkpoint.DefaultRelayName
+	}
+	if c.Table == "" {
+		c.Table = checkpoint.DefaultTable
 	}
 	if c.Instance == "" {
 		host, _ := os.Hostname()
@@ -74,6 +83,9 @@ func (c *Config) Validate() error {
 	d.SetDefaults()
 	if err := checkpoint.CheckRelayName(d.RelayName); err != nil {
 		return err
+	}
+	if _, err := outbox.QuoteTable(d.Table); err != nil {
+		return fmt.Errorf("Config.Table: %w", err)
 	}
 	if d.LeaderLease < 3*d.HeartbeatInterval {
 		return fmt.Errorf("Config.LeaderLease %v is shorter than 3 heartbeat intervals (%v): a leader would lose it between two heartbeats",

@@ -68,6 +68,13 @@ func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 // gives up, or at the wait's deadline). A leader whose lock connection died
 // unnoticed is fenced anyway: the next leader bumps the epoch before it
 // publishes, and this leader's next heartbeat then changes no row.
+//
+// One relay name per outbox table: the lock connection also holds the
+// table's lock (checkpoint.TableLockName) for the whole term, taken after
+// the epoch bump has recorded the table (outbox_table) and the lease in
+// the progress row (claimTable). A relay of another name that finds it
+// held by a live leader is refused (*TableLedError); the heartbeat
+// statement also requires that the lock connection still holds it.
 type Leader struct {
 	el       *Elector
 	conn     *sql.Conn // holds the lock; waits in DO SLEEP while leading
@@ -76,7 +83,11 @@ type Leader struct {
 	epoch    int64
 	status   string // the status read with the epoch; the heartbeat's
 	takeover string
-	wake     chan struct{} // the lock connection's wait was interrupted: beat now
+	// database is the current database of the lock connection, where the
+	// outbox table is; tableLock is the table's lock, which the lock
+	// connection holds beside the name's (claimTable).
+	database, tableLock string
+	wake                chan struct{} // the lock connection's wait was interrupted: beat now
 
 	lost       chan struct{}
 	stopCtx    context.Context
@@ -103,7 +114,9 @@ func (s *Elector) Led(ctx context.Context) bool {
 }
 
 // Acquire takes leadership: a *HeldError (errors.Is ErrHeld) when another
-// instance has it. A leader whose stored heartbeat is older than LeaderLease
+// instance has it, a *TableLedError (errors.Is ErrTableLed) when a live
+// leader of another relay name holds the outbox table (Config.Table; the
+// refused term's epoch is spent and its leader_instance cleared). A leader whose stored heartbeat is older than LeaderLease
 // is taken over: its lock connection is killed (the relay's user may kill
 // its own connections) and the lock taken. On success the epoch in the
 // progress row is one more than any earlier leader's, a heartbeat runs until
@@ -159,6 +172,14 @@ func (s *Elector) AcquireWithin(ctx context.Context, wait time.Duration) (*Leade
 		conn.Close()
 		return nil, err
 	}
+	other, err := l.claimTable(ctx)
+	if err != nil {
+		l.refuse(ctx)
+		return nil, err
+	}
+	if other.wait > prev.wait {
+		prev = other
+	}
 	if l.beatConn, err = s.db.Conn(ctx); err != nil {
 		_ = l.unlock(ctx)
 		return nil, fmt.Errorf("open the heartbeat connection of relay %q: %w", s.cfg.RelayName, err)
@@ -189,11 +210,15 @@ func (s *Elector) AcquireWithin(ctx context.Context, wait time.Duration) (*Leade
 }
 
 // previousLeader is what the progress row says of the previous leader, read
-// once this one holds the lock, and how long its lease still runs.
+// once this one holds the lock, and how long its lease still runs: the
+// previous leader of this relay name, or a leader of another relay name on
+// the same table whose lock connection is gone (claimTable).
 type previousLeader struct {
-	instance string        // leader_instance; "" when it released leadership (or none ever led)
-	age      time.Duration // its stored heartbeat's age by the server's clock
-	wait     time.Duration // until the heartbeat is LeaderLease old; 0 when it released leadership
+	relayName string        // "" for this relay name
+	instance  string        // leader_instance; "" when it released leadership (or none ever led)
+	age       time.Duration // its stored heartbeat's age by the server's clock
+	lease     time.Duration // its lease
+	wait      time.Duration // until the heartbeat is its lease old; 0 when it released leadership
 }
 
 // previous reads the previous leader with the lock held: its lock
@@ -218,7 +243,7 @@ func (l *Leader) previous(ctx context.Context) (previousLeader, error) {
 	if !leader.Valid || ours {
 		return previousLeader{}, nil
 	}
-	p := previousLeader{instance: leader.String, age: time.Duration(ageUS.Int64) * time.Microsecond}
+	p := previousLeader{instance: leader.String, age: time.Duration(ageUS.Int64) * time.Microsecond, lease: s.cfg.LeaderLease}
 	if ageUS.Valid && p.age < s.cfg.LeaderLease {
 		p.wait = s.cfg.LeaderLease - p.age
 	}
@@ -232,10 +257,17 @@ func (l *Leader) previous(ctx context.Context) (previousLeader, error) {
 func (l *Leader) waitOut(ctx context.Context, p previousLeader) error {
 	s := l.el
 	until := time.Now().Add(p.wait)
-	l.takeover = fmt.Sprintf("took over from %s after waiting out its lease: its lock was free with its heartbeat %v old (lease %v)",
-		p.instance, p.age.Round(time.Millisecond), s.cfg.LeaderLease)
-	s.cfg.Logger.Warn(fmt.Sprintf("the previous leader's lease runs until %s, waiting %v before publishing",
-		until.UTC().Format("15:04:05.000Z"), p.wait.Round(100*time.Millisecond)),
+	who := "the previous leader"
+	if p.relayName != "" {
+		who = fmt.Sprintf("relay name %q's leader on outbox table %q", p.relayName, s.cfg.Table)
+		l.addTakeover(fmt.Sprintf("took outbox table %q over from relay name %q's leader %s after waiting out its lease: the table's lock was free with its heartbeat %v old (lease %v)",
+			s.cfg.Table, p.relayName, p.instance, p.age.Round(time.Millisecond), p.lease))
+	} else {
+		l.addTakeover(fmt.Sprintf("took over from %s after waiting out its lease: its lock was free with its heartbeat %v old (lease %v)",
+			p.instance, p.age.Round(time.Millisecond), p.lease))
+	}
+	s.cfg.Logger.Warn(fmt.Sprintf("%s's lease runs until %s, waiting %v before publishing",
+		who, until.UTC().Format("15:04:05.000Z"), p.wait.Round(100*time.Millisecond)),
 		zap.String("relay", s.cfg.RelayName), zap.String("previous_leader", p.instance),
 		zap.Duration("heartbeat_age", p.age), zap.Int64("epoch", l.epoch))
 	t := time.NewTimer(p.wait)
@@ -244,10 +276,10 @@ func (l *Leader) waitOut(ctx context.Context, p previousLeader) error {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("wait out the lease of the previous leader %s of relay %q: %w", p.instance, s.cfg.RelayName, ctx.Err())
+		return fmt.Errorf("wait out the lease of %s %s of relay %q: %w", who, p.instance, s.cfg.RelayName, ctx.Err())
 	case <-l.lost:
-		return fmt.Errorf("lost leadership of relay %q while waiting out the lease of the previous leader %s: %w",
-			s.cfg.RelayName, p.instance, l.Err())
+		return fmt.Errorf("lost leadership of relay %q while waiting out the lease of %s %s: %w",
+			s.cfg.RelayName, who, p.instance, l.Err())
 	}
 }
 
@@ -374,15 +406,17 @@ func (l *Leader) getLock(ctx context.Context, waitSeconds int) (bool, error) {
 func (l *Leader) bumpEpoch(ctx context.Context) error {
 	s := l.el
 	if _, err := l.conn.ExecContext(ctx, `UPDATE outbox_relay_progress SET epoch = epoch + 1,
-		leader_instance = ?, leader_since = NOW(6), leader_heartbeat = NOW(6) WHERE relay_name = ?`,
-		s.cfg.Instance, s.cfg.RelayName); err != nil {
+		leader_instance = ?, leader_since = NOW(6), leader_heartbeat = NOW(6), outbox_table = ?, leader_lease_ms = ?
+		WHERE relay_name = ?`,
+		s.cfg.Instance, s.cfg.Table, s.cfg.LeaderLease.Milliseconds(), s.cfg.RelayName); err != nil {
 		return fmt.Errorf("bump leader epoch of relay %q: %w", s.cfg.RelayName, err)
 	}
 	var status string
-	if err := l.conn.QueryRowContext(ctx, "SELECT epoch, status FROM outbox_relay_progress WHERE relay_name = ?",
-		s.cfg.RelayName).Scan(&l.epoch, &status); err != nil {
+	if err := l.conn.QueryRowContext(ctx, "SELECT epoch, status, DATABASE() FROM outbox_relay_progress WHERE relay_name = ?",
+		s.cfg.RelayName).Scan(&l.epoch, &status, &l.database); err != nil {
 		return fmt.Errorf("read leader epoch of relay %q: %w", s.cfg.RelayName, err)
 	}
+	l.tableLock = checkpoint.TableLockName(l.database, s.cfg.Table)
 	l.paused = status == checkpoint.StatusPaused
 	l.status = status
 	return nil
@@ -411,6 +445,29 @@ func (l *Leader) setPaused(paused bool) {
 
 // Epoch is this leader's fencing token.
 func (l *Leader) Epoch() int64 { return l.epoch }
+
+// addTakeover adds what this leader took over to TookOver's description.
+func (l *Leader) addTakeover(what string) {
+	if l.takeover != "" {
+		l.takeover += "; "
+	}
+	l.takeover += what
+}
+
+// refuse gives up the leadership a refused Acquire took (the locks and the
+// new epoch), before any heartbeat ran: it clears leader_instance (fenced
+// by the epoch, so status shows no leader of this name) and releases the
+// locks. The term is over: a later Acquire of this Elector does not wait
+// out its lease.
+func (l *Leader) refuse(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	l.el.mu.Lock()
+	l.el.released = l.epoch
+	l.el.mu.Unlock()
+	_ = l.clearLeader(ctx)
+	_ = l.unlock(ctx)
+}
 
 // TookOver describes the previous leader this one took over from: a stale
 // one whose lock connection it killed, or one whose lease it waited out
@@ -518,7 +575,7 @@ func (l *Leader) heartbeat() {
 	s := l.el
 	iv := s.cfg.HeartbeatInterval
 	stmt, err := l.beatConn.PrepareContext(l.stopCtx, `UPDATE outbox_relay_progress SET leader_heartbeat = NOW(6)
-		WHERE relay_name = ? AND epoch = ? AND status = ?`)
+		WHERE relay_name = ? AND epoch = ? AND status = ? AND IS_USED_LOCK(?) = ?`)
 	if err != nil {
 		if l.Err() == nil {
 			l.fail(fmt.Errorf("leadership heartbeat of relay %q: prepare: %w", s.cfg.RelayName, err))
@@ -551,28 +608,37 @@ func (l *Leader) heartbeat() {
 }
 
 // beat writes leader_heartbeat in one statement when the epoch is still
-// ours and the status is the one last read, and renews the lease. When the
-// statement changes no row it reads the progress row: a newer epoch is
-// ErrFenced; a changed status is taken (Paused) and the beat repeated.
+// ours, the status is the one last read and the lock connection still
+// holds the outbox table's lock (no other relay name can lead the table),
+// and renews the lease. When the statement changes no row it reads the
+// progress row and the lock: a newer epoch is ErrFenced; the table's lock
+// not held by the lock connection ends leadership (the next Acquire finds
+// out who has the table); a changed status is taken (Paused) and the beat
+// repeated.
 func (l *Leader) beat(stmt *sql.Stmt) error {
 	s := l.el
 	iv := s.cfg.HeartbeatInterval
 	for range 3 {
 		sent := time.Now()
 		ctx, cancel := context.WithTimeout(l.stopCtx, 2*iv)
-		res, err := stmt.ExecContext(ctx, s.cfg.RelayName, l.epoch, l.status)
+		res, err := stmt.ExecContext(ctx, s.cfg.RelayName, l.epoch, l.status, l.tableLock, l.connID)
 		var n int64
 		if err == nil {
 			n, err = res.RowsAffected()
 		}
 		if err == nil && n == 0 {
-			var epoch int64
+			var epoch, holder int64
 			var status string
-			err = l.beatConn.QueryRowContext(ctx, "SELECT epoch, status FROM outbox_relay_progress WHERE relay_name = ?",
-				s.cfg.RelayName).Scan(&epoch, &status)
-			if err == nil && epoch != l.epoch {
+			err = l.beatConn.QueryRowContext(ctx, "SELECT epoch, status, COALESCE(IS_USED_LOCK(?), 0) FROM outbox_relay_progress WHERE relay_name = ?",
+				l.tableLock, s.cfg.RelayName).Scan(&epoch, &status, &holder)
+			switch {
+			case err == nil && epoch != l.epoch:
 				cancel()
 				return checkpoint.ErrFenced
+			case err == nil && holder != l.connID:
+				cancel()
+				return fmt.Errorf("leadership heartbeat of relay %q: the lock connection %d no longer holds the lock %q of outbox table %q (held by connection %d)",
+					s.cfg.RelayName, l.connID, l.tableLock, s.cfg.Table, holder)
 			}
 			l.status = status
 			l.setPaused(status == checkpoint.StatusPaused)
@@ -653,14 +719,21 @@ func (l *Leader) stopHeartbeat(ctx context.Context) {
 	l.beatConn.Close()
 }
 
-// unlock releases the lock and closes the lock connection. When that
-// connection was closed under a statement (cancelling the heartbeat's wait
+// unlock releases the locks (the table's first, so that a successor of
+// this name never finds the table's lock still held once it has the
+// name's) and closes the lock connection. When that connection was closed
+// under a statement (cancelling the heartbeat's wait
 // does that when the wake missed it), the server holds the lock until the
 // statement ends: unlock then kills the connection and waits until the
 // server has let go of the lock, so the next leader can take it at once.
 func (l *Leader) unlock(ctx context.Context) error {
 	name := l.el.lockName()
-	_, err := l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", name)
+	var err error
+	if l.tableLock != "" {
+		_, err = l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?), RELEASE_LOCK(?)", l.tableLock, name)
+	} else {
+		_, err = l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", name)
+	}
 	l.conn.Close()
 	switch {
 	case err == nil:

@@ -19,6 +19,7 @@ var ErrUnknownRelay = errors.New("no progress row for this relay name")
 // `checkpoint show`). Times are UTC; the zero time means none.
 type RelayStatus struct {
 	RelayName  string
+	Table      string       // the outbox table its leaders publish (outbox_table); "" until one of this version led
 	Status     string       // ACTIVE, PAUSED or FAILED
 	Paused     *PauseState  // nil unless Status is PAUSED
 	Failed     *FailedState // nil unless Status is FAILED
@@ -96,7 +97,7 @@ func (s RelayStatus) Live() bool { return s.Leader != nil && s.Leader.Alive }
 // neither the session time zone nor this host's clock matters. It creates
 // nothing.
 func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Duration) ([]RelayStatus, error) {
-	q := `SELECT relay_name, flavor, gtid_set, binlog_file, binlog_pos, mode, mode_reason, status, epoch,
+	q := `SELECT relay_name, outbox_table, flavor, gtid_set, binlog_file, binlog_pos, mode, mode_reason, status, epoch,
 		leader_instance, leader_since, TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, UTC_TIMESTAMP(6)),
 		error_count, last_error, last_event_at, updated_at,
 		paused_at, TIMESTAMPDIFF(MICROSECOND, paused_at, UTC_TIMESTAMP(6)), paused_epoch,
@@ -118,17 +119,17 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 			s                                             RelayStatus
 			flavor, gtid, file, reason, leader, lastError sql.NullString
 			since, lastEvent, updated, pausedAt, failedAt sql.NullString
-			broker, stalledAt                             sql.NullString
+			broker, stalledAt, table                      sql.NullString
 			pos, hbAge, pausedAge, pausedEpoch, failedAge sql.NullInt64
 			stalledAge                                    sql.NullInt64
 		)
-		if err := rows.Scan(&s.RelayName, &flavor, &gtid, &file, &pos, &s.Mode, &reason, &s.Status, &s.Epoch,
+		if err := rows.Scan(&s.RelayName, &table, &flavor, &gtid, &file, &pos, &s.Mode, &reason, &s.Status, &s.Epoch,
 			&leader, &since, &hbAge, &s.ErrorCount, &lastError, &lastEvent, &updated,
 			&pausedAt, &pausedAge, &pausedEpoch, &failedAt, &failedAge, &broker, &stalledAt, &stalledAge); err != nil {
 			return nil, fmt.Errorf("read progress rows: %w", err)
 		}
 		s.Position = position.Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint32(pos.Int64)}
-		s.ModeReason, s.LastError = reason.String, lastError.String
+		s.Table, s.ModeReason, s.LastError = table.String, reason.String, lastError.String
 		s.LastEventAt, s.UpdatedAt = parseTime(lastEvent), parseTime(updated)
 		if s.Status == checkpoint.StatusPaused {
 			s.Paused = &PauseState{Since: parseTime(pausedAt), Seconds: max(float64(pausedAge.Int64)/1e6, 0),
@@ -223,9 +224,19 @@ func ReadBacklog(ctx context.Context, db *sql.DB, table, onDelivered string) (Ba
 // reason as mode_reason. It never changes the epoch, and it is fenced by the
 // epoch the caller read: ErrFenced when a new leader came meanwhile.
 func SetPosition(ctx context.Context, db *sql.DB, relayName string, epoch int64, pos position.Position, reason string) error {
+	return SetProgress(ctx, db, relayName, epoch, pos, "binlog", reason)
+}
+
+// SetProgress is SetPosition with the mode to store: what `checkpoint set
+// --from-relay` copies from another relay name's row, so the next leader
+// resumes exactly as a new leader of that name would (binlog: tail from
+// pos; poll: the handover, which takes the server's position, as pos is
+// older than what the poller delivered). An empty pos stores none: the
+// next leader starts as a first start does.
+func SetProgress(ctx context.Context, db *sql.DB, relayName string, epoch int64, pos position.Position, mode, reason string) error {
 	res, err := db.ExecContext(ctx, `UPDATE outbox_relay_progress SET flavor = ?, gtid_set = ?, binlog_file = ?,
-		binlog_pos = ?, mode = 'binlog', mode_reason = ? WHERE relay_name = ? AND epoch = ?`,
-		nullIfEmpty(pos.Flavor), nullIfEmpty(pos.GTIDSet), nullIfEmpty(pos.File), filePos(pos), checkpoint.CutReason(reason), relayName, epoch)
+		binlog_pos = ?, mode = ?, mode_reason = ? WHERE relay_name = ? AND epoch = ?`,
+		nullIfEmpty(pos.Flavor), nullIfEmpty(pos.GTIDSet), nullIfEmpty(pos.File), filePos(pos), mode, checkpoint.CutReason(reason), relayName, epoch)
 	if err != nil {
 		return fmt.Errorf("set checkpoint of relay %q: %w", relayName, err)
 	}

@@ -21,7 +21,7 @@ func init() {
 	register(&command{
 		name:    "checkpoint",
 		summary: "show or set a relay's checkpoint (its binlog position)",
-		usage:   "show | set --gtid SET | set --file F --pos N [--force] [flags]",
+		usage:   "show | set --gtid SET | set --file F --pos N | set --from-relay NAME [--force] [flags]",
 		help: `show prints the checkpoint of --relay-name's progress row with its status,
 mode, epoch and leader.
 
@@ -38,6 +38,15 @@ after the position are published, again if they were already; rows before
 it that are still pending are not read from the binlog. It never changes
 the epoch. With --force against a leader that is delivering, its next
 acknowledgement overwrites the new value.
+
+set --from-relay NAME moves a deployment to a new relay name: it copies
+NAME's checkpoint and mode into --relay-name's row (created if missing), so
+the new name resumes exactly where a new leader of NAME would: nothing lost,
+nothing repeated beyond what NAME published and did not acknowledge. Stop
+every instance of NAME first: it is refused (exit 2) while NAME has a live
+leader, unless --force, and when NAME's row records another outbox table
+than --table. Then start the relays with the new name (docs/operations.md,
+"Renaming a relay").
 
 Exit codes: 0 done, 1 a database failure, 2 bad usage, an unknown relay name
 or a refused request.`,
@@ -87,6 +96,7 @@ func setupCheckpointSet(fs *flag.FlagSet) runFunc {
 	gtid := fs.String("gtid", "", "set: the new checkpoint as a GTID `set` (the server's syntax)")
 	file := fs.String("file", "", "set: the new checkpoint's binlog `file` (servers without GTIDs); with --pos")
 	pos := fs.Uint("pos", 0, "set: the offset in --file")
+	from := fs.String("from-relay", "", "set: copy the checkpoint and mode of this relay `name` (stopped) to --relay-name: a renamed deployment resumes where it stopped")
 	force := new(bool)
 	declareOverride(fs, force, "force", "set: even while a live leader delivers (its next acknowledgement overwrites the value)")
 	return func(ctx context.Context, inv *invocation) error {
@@ -94,9 +104,19 @@ func setupCheckpointSet(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		want := position.Position{GTIDSet: *gtid, File: *file, Pos: uint32(*pos)}
+		given := 0
+		for _, v := range []string{*gtid, *file, *from} {
+			if v != "" {
+				given++
+			}
+		}
 		switch {
-		case (*gtid != "") == (*file != ""):
-			return usagef("checkpoint set: give --gtid SET or --file F --pos N")
+		case given != 1:
+			return usagef("checkpoint set: give --gtid SET, --file F --pos N or --from-relay NAME")
+		case *from != "" && inv.typed["pos"]:
+			return usagef("checkpoint set: --pos goes with --file, not --from-relay")
+		case *from == r.relayName:
+			return usagef("checkpoint set: --from-relay %q is --relay-name itself: name the relay whose checkpoint to copy", *from)
 		case *file != "" && !inv.typed["pos"]:
 			return usagef("checkpoint set: --file needs --pos")
 		case *gtid != "" && inv.typed["pos"]:
@@ -109,6 +129,9 @@ func setupCheckpointSet(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		defer db.Close()
+		if *from != "" {
+			return copyCheckpoint(ctx, db, inv, r, *from, *force)
+		}
 		return setCheckpoint(ctx, db, inv, r, want, *force)
 	}
 }
@@ -121,14 +144,8 @@ func setCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFlag
 		return unknownRelay(err)
 	}
 	cur := rows[0]
-	switch {
-	case force || !cur.Live():
-	case cur.Paused == nil:
-		return usagef("checkpoint set: relay %q is %s and led by %s (heartbeat %.1fs ago): run 'outbox-relay pause' (or stop the relay) first, or give --force",
-			cur.RelayName, cur.Status, cur.Leader.Instance, cur.Leader.HeartbeatAgeSeconds)
-	case !cur.Paused.Stopped:
-		return usagef("checkpoint set: relay %q is PAUSED but its leader %s has not stopped yet (it finishes in-flight messages first): wait until 'outbox-relay status' shows it stopped, or give --force",
-			cur.RelayName, cur.Leader.Instance)
+	if err := mayChange(cur, force); err != nil {
+		return err
 	}
 	flavor, err := canal.DetectFlavor(ctx, db)
 	if err != nil {
@@ -156,10 +173,82 @@ func setCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFlag
 		zap.Stringer("new", want), zap.Int64("epoch", cur.Epoch), zap.Bool("force", force))
 	next := cur
 	next.Position, next.Mode = want, "binlog"
-	j := map[string]any{"relay_name": cur.RelayName, "old": checkpointOf(cur), "new": checkpointOf(next)}
-	return render(inv.stdout, r.json, j, func(w io.Writer) error {
-		_, err := fmt.Fprintf(w, "relay %s: checkpoint was %s\nrelay %s: checkpoint is  %s (mode binlog)\n",
-			cur.RelayName, checkpointText(checkpointOf(cur)), cur.RelayName, checkpointText(checkpointOf(next)))
+	return printSet(inv.stdout, r.json, cur, next, nil)
+}
+
+// mayChange refuses (exit 2) to change the checkpoint of a relay a live
+// leader delivers for, unless force: it must be stopped, or paused with
+// its leader stopped.
+func mayChange(cur operator.RelayStatus, force bool) error {
+	switch {
+	case force || !cur.Live():
+	case cur.Paused == nil:
+		return usagef("checkpoint set: relay %q is %s and led by %s (heartbeat %.1fs ago): run 'outbox-relay pause' (or stop the relay) first, or give --force",
+			cur.RelayName, cur.Status, cur.Leader.Instance, cur.Leader.HeartbeatAgeSeconds)
+	case !cur.Paused.Stopped:
+		return usagef("checkpoint set: relay %q is PAUSED but its leader %s has not stopped yet (it finishes in-flight messages first): wait until 'outbox-relay status' shows it stopped, or give --force",
+			cur.RelayName, cur.Leader.Instance)
+	}
+	return nil
+}
+
+// copyCheckpoint is `checkpoint set --from-relay`: it copies the
+// checkpoint and mode of relay from (stopped, on --table) to --relay-name's
+// row, creating that row when the name never ran.
+func copyCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags, from string, force bool) error {
+	src, err := operator.ReadStatus(ctx, db, from, r.lease)
+	if err != nil {
+		return unknownRelay(err)
+	}
+	old := src[0]
+	switch {
+	case old.Live() && !force:
+		return usagef("checkpoint set: relay %q still leads (%s, heartbeat %.1fs ago): stop every instance of it first (its checkpoint moves while it delivers, and the relay name taking over is refused while it leads the table), or give --force",
+			old.RelayName, old.Leader.Instance, old.Leader.HeartbeatAgeSeconds)
+	case old.Table != "" && old.Table != r.table:
+		return usagef("checkpoint set: relay %q publishes outbox table %q, not --table %q: its checkpoint is no place to start %q from; give --table %s if that is the table",
+			old.RelayName, old.Table, r.table, r.table, old.Table)
+	}
+	if err := checkpoint.EnsureRow(ctx, db, r.relayName); err != nil {
+		return fmt.Errorf("checkpoint set: %w", err)
+	}
+	rows, err := operator.ReadStatus(ctx, db, r.relayName, r.lease)
+	if err != nil {
+		return err
+	}
+	cur := rows[0]
+	if err := mayChange(cur, force); err != nil {
+		return err
+	}
+	reason := fmt.Sprintf("%s at %s from %s to %s, copied from relay %s (mode %s)", checkpoint.SetByOperator,
+		time.Now().UTC().Format(time.RFC3339), cur.Position, old.Position, old.RelayName, old.Mode)
+	if err := operator.SetProgress(ctx, db, cur.RelayName, cur.Epoch, old.Position, old.Mode, reason); errors.Is(err, checkpoint.ErrFenced) {
+		return fmt.Errorf("checkpoint set: relay %q got a new leader meanwhile; nothing changed: check and run again", cur.RelayName)
+	} else if err != nil {
+		return err
+	}
+	inv.log.Info("checkpoint set", zap.String("relay_name", cur.RelayName), zap.String("from_relay", old.RelayName),
+		zap.Stringer("old", cur.Position), zap.Stringer("new", old.Position), zap.String("mode", old.Mode),
+		zap.Int64("epoch", cur.Epoch), zap.Bool("force", force))
+	next := cur
+	next.Position, next.Mode = old.Position, old.Mode
+	return printSet(inv.stdout, r.json, cur, next, &old.RelayName)
+}
+
+// printSet prints what checkpoint set changed: the old and new checkpoint
+// (and mode) of relay cur, and the relay it was copied from (nil for none).
+func printSet(w io.Writer, asJSON bool, cur, next operator.RelayStatus, from *string) error {
+	j := map[string]any{"relay_name": cur.RelayName, "old": checkpointOf(cur), "new": checkpointOf(next), "mode": next.Mode}
+	if from != nil {
+		j["from_relay"] = *from
+	}
+	return render(w, asJSON, j, func(w io.Writer) error {
+		copied := ""
+		if from != nil {
+			copied = ", copied from relay " + *from
+		}
+		_, err := fmt.Fprintf(w, "relay %s: checkpoint was %s\nrelay %s: checkpoint is  %s (mode %s%s)\n",
+			cur.RelayName, checkpointText(checkpointOf(cur)), cur.RelayName, checkpointText(checkpointOf(next)), next.Mode, copied)
 		return err
 	})
 }

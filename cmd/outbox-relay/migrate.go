@@ -23,9 +23,9 @@ func init() {
 outbox_failed, outbox_relay_instances, message_deduplication and
 message_inbox_attempts, upgrades tables made by earlier versions in place
 (created_at's default computed in UTC, the inbox's consumer column, the progress
-row's pause columns, failed_at, broker and confirms_stalled_at), and records the
-applied versions in outbox_relay_migrations. Prints each version it applied, or
-"schema is up to date". Never drops anything and never loses rows. An existing
+row's pause columns, failed_at, broker, confirms_stalled_at, outbox_table and
+leader_lease_ms), and records the applied versions in outbox_relay_migrations.
+Prints each version it applied, or "schema is up to date". Never drops anything and never loses rows. An existing
 table whose columns differ from what the relay needs is refused with a message
 naming the column (exit code 1). The DSN's database must exist.
 

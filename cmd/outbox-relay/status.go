@@ -36,7 +36,11 @@ waiting for leadership (none when there are none), each with its start and
 the age of its heartbeat; a standby beats at least every 4/5 of the lease, so one whose
 heartbeat is older than --leader-lease is shown as not alive: it was killed or
 hangs (a clean stop removes it from the list; a dead one is listed for an
-hour). broker is the RabbitMQ node the leader publishes to (none while it is
+hour). table is the outbox table the relay name's leaders publish (unknown
+until a leader of this version has run); other relay names lists every other
+relay name recorded on the same table, each with its status and leader: one
+table is published by one relay name, and a second one is refused while the
+first leads (docs/operations.md, "Several instances"). broker is the RabbitMQ node the leader publishes to (none while it is
 not connected, paused, or no leader runs) and, once the broker has not
 confirmed the messages on the wire for 10s, since when. pending_rows counts
 the rows not yet delivered: with --on-delivered=delete every row of the
@@ -110,6 +114,8 @@ func setupStatus(fs *flag.FlagSet) runFunc {
 // statusJSON is one relay's status (docs/operations.md, "Status and checkpoint").
 type statusJSON struct {
 	RelayName               string            `json:"relay_name"`
+	Table                   *string           `json:"table"`
+	OtherRelayNames         []tableRelayJSON  `json:"other_relay_names"`
 	Status                  string            `json:"status"`
 	Paused                  *pausedJSON       `json:"paused"`
 	Failed                  *failedStatusJSON `json:"failed"`
@@ -219,6 +225,39 @@ func brokerText(b *brokerJSON) string {
 		time.Duration(b.ConfirmsStalled.Seconds*float64(time.Second)).Round(time.Second), since)
 }
 
+// tableRelayJSON is another relay name recorded on the same outbox table:
+// its status and leader (null when its row names none).
+type tableRelayJSON struct {
+	RelayName string      `json:"relay_name"`
+	Status    string      `json:"status"`
+	Leader    *leaderJSON `json:"leader"`
+}
+
+// othersOnTable lists the relay names other than s's whose rows record s's
+// table, from every progress row. Never nil: JSON shows [] when there is
+// none, or when s's table is not recorded yet.
+func othersOnTable(s operator.RelayStatus, all []operator.RelayStatus) []tableRelayJSON {
+	list := []tableRelayJSON{}
+	for _, o := range all {
+		if s.Table != "" && o.Table == s.Table && o.RelayName != s.RelayName {
+			list = append(list, tableRelayJSON{RelayName: o.RelayName, Status: o.Status, Leader: leaderOf(o)})
+		}
+	}
+	return list
+}
+
+// othersText lists the other relay names of a table on one line.
+func othersText(list []tableRelayJSON) string {
+	if len(list) == 0 {
+		return "none"
+	}
+	parts := make([]string, len(list))
+	for i, o := range list {
+		parts[i] = fmt.Sprintf("%s: %s, leader %s", o.RelayName, o.Status, leaderText(o.Leader))
+	}
+	return strings.Join(parts, "; ")
+}
+
 type leaderJSON struct {
 	Instance            string     `json:"instance"`
 	Since               *time.Time `json:"since"`
@@ -298,6 +337,13 @@ func readStatus(ctx context.Context, db *sql.DB, r *readFlags) ([]statusJSON, er
 	if err != nil {
 		return nil, err
 	}
+	all := rows
+	if r.relayName != "" {
+		// The other relay names of the same table.
+		if all, err = operator.ReadStatus(ctx, db, "", r.lease); err != nil {
+			return nil, err
+		}
+	}
 	instances, err := operator.ReadInstances(ctx, db, r.relayName, r.lease)
 	if err != nil {
 		return nil, err
@@ -309,7 +355,7 @@ func readStatus(ctx context.Context, db *sql.DB, r *readFlags) ([]statusJSON, er
 	retention, retErr := metrics.ReadBinlogRetention(ctx, db)
 	list := make([]statusJSON, 0, len(rows))
 	for _, s := range rows {
-		j := statusJSON{RelayName: s.RelayName, Status: s.Status, Paused: pausedOf(s), Failed: failedOf(s), Mode: s.Mode, ModeReason: orNull(flagNames(s.ModeReason)),
+		j := statusJSON{RelayName: s.RelayName, Table: orNull(s.Table), OtherRelayNames: othersOnTable(s, all), Status: s.Status, Paused: pausedOf(s), Failed: failedOf(s), Mode: s.Mode, ModeReason: orNull(flagNames(s.ModeReason)),
 			Epoch: s.Epoch, Leader: leaderOf(s), Broker: brokerOf(s), Standbys: standbysOf(s, instances), Checkpoint: checkpointOf(s),
 			PendingRows: backlog.PendingRows, OldestPendingAgeSeconds: backlog.OldestPendingAgeSeconds,
 			FailedRows: backlog.FailedRows, ErrorCount: s.ErrorCount, LastError: orNull(flagNames(s.LastError)),
@@ -339,6 +385,12 @@ func printStatus(w io.Writer, list []statusJSON) error {
 			fmt.Fprintln(tw)
 		}
 		fmt.Fprintf(tw, "relay\t%s\n", s.RelayName)
+		table := "unknown (no leader of this version has run)"
+		if s.Table != nil {
+			table = *s.Table
+		}
+		fmt.Fprintf(tw, "table\t%s\n", table)
+		fmt.Fprintf(tw, "other relay names\t%s\n", othersText(s.OtherRelayNames))
 		fmt.Fprintf(tw, "status\t%s%s%s\n", s.Status, pausedText(s.Paused), failedText(s.Failed))
 		for i, line := range wrapText(s.Mode+paren(s.ModeReason), statusWidth) {
 			label := "mode"

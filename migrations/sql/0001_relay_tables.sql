@@ -3,10 +3,12 @@
 -- Times are written in UTC by our code; column defaults use the session's
 -- time zone and exist only as a fallback.
 
--- One row per relay name: the checkpoint (GTID set, or file+pos when the
--- server has no GTIDs), the leader fencing token and the operator status.
+-- One row per relay name: the outbox table it publishes, the checkpoint
+-- (GTID set, or file+pos when the server has no GTIDs), the leader fencing
+-- token and lease, and the operator status.
 CREATE TABLE IF NOT EXISTS outbox_relay_progress (
     relay_name       VARCHAR(255)    NOT NULL,
+    outbox_table     VARCHAR(64)     NULL,
     flavor           VARCHAR(16)     NULL,
     gtid_set         TEXT            NULL,
     binlog_file      VARCHAR(255)    NULL,
@@ -23,6 +25,7 @@ CREATE TABLE IF NOT EXISTS outbox_relay_progress (
     leader_instance  VARCHAR(255)    NULL,
     leader_since     DATETIME(6)     NULL,
     leader_heartbeat DATETIME(6)     NULL,
+    leader_lease_ms  BIGINT UNSIGNED NULL,
     error_count      INT UNSIGNED    NOT NULL DEFAULT 0,
     last_error       VARCHAR(1024)   NULL,
     last_event_at    DATETIME(6)     NULL,
