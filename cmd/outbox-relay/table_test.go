@@ -113,7 +113,7 @@ func liveLog(mode string) string {
 func TestRunRefusesSecondRelayNameOnTable(t *testing.T) {
 	for _, mode := range []string{"binlog", "poll"} {
 		t.Run(mode, func(t *testing.T) {
-			ctx := testenv.Context(t, 2*time.Minute)
+			ctx := testenv.WorkContext(t)
 			db := testenv.MySQL(t).Migrate(ctx, t)
 			b := testenv.RabbitMQ(t)
 			v := consumeAll(t, b)
@@ -205,7 +205,7 @@ func checkTableStatus(ctx context.Context, t *testing.T, db *testenv.DB, instanc
 func TestRenameRelayResumesFromOldName(t *testing.T) {
 	for _, mode := range []string{"binlog", "poll"} {
 		t.Run(mode, func(t *testing.T) {
-			ctx := testenv.Context(t, 2*time.Minute)
+			ctx := testenv.WorkContext(t)
 			db := testenv.MySQL(t).Migrate(ctx, t)
 			b := testenv.RabbitMQ(t)
 			v := consumeAll(t, b)
