@@ -91,11 +91,16 @@ type entry struct {
 	nackBackoff backoff.Counter
 	retry       *time.Timer
 	tag         uint64 // delivery tag in the current session; 0 when not outstanding
-	dc          *amqp.DeferredConfirmation
-	suspect     bool // unconfirmed when the broker closed the channel over one of several (probe mode)
-	resolved    bool
-	res         Result
-	span        trace.Span // the publish span; nil when tracing is off
+	// sentOn is the connection it was last sent on (blame.go); closures
+	// counts the connections the broker closed while it alone was on the
+	// wire.
+	sentOn   *amqp.Connection
+	closures int
+	dc       *amqp.DeferredConfirmation
+	suspect  bool // unconfirmed when the broker closed the channel over one of several (probe mode)
+	resolved bool
+	res      Result
+	span     trace.Span // the publish span; nil when tracing is off
 }
 
 // NewChannel opens a Channel. onResult receives every message's Result.
@@ -172,7 +177,9 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 			// The limits of the connection the message would go on: a
 			// message over them would close the channel or the whole
 			// connection, and come back after every reconnect.
-			tooLarge = sizeRefusal(c.sess.conn, headerSize, &m, c.p.cfg.MaxMessageSize)
+			if !c.p.noSizeCheck {
+				tooLarge = sizeRefusal(c.sess.conn, headerSize, &m, c.p.cfg.MaxMessageSize)
+			}
 			if c.roomLocked(&m, missing == nil && tooLarge == "") {
 				break
 			}
@@ -268,6 +275,7 @@ func (c *Channel) sendLocked(sess *session, e *entry) bool {
 		e.retry = nil
 	}
 	sess.byTag[tag] = e
+	e.sentOn = sess.conn
 	if c.waitSince.IsZero() {
 		c.waitSince = time.Now()
 	}
@@ -290,6 +298,7 @@ func (c *Channel) sendLocked(sess *session, e *entry) bool {
 	if sess.byTag[tag] == e {
 		delete(sess.byTag, tag)
 		e.tag = 0
+		e.sentOn = nil
 	}
 	sess.nextTag--
 	if c.sess == sess {
