@@ -26,10 +26,12 @@ const rabbitFrameMax = 131072
 // content-header frame is over frame_max, and RabbitMQ would close the
 // whole connection over it) and one whose headers are one byte over the
 // limit go to outbox_failed with a reason that names the limit and the
-// size, without a single reconnect; one exactly at the limit is delivered;
-// the 301 others arrive once each, in commit order per key.
+// size, as does a payload over --amqp-max-message-size, without a single
+// reconnect; one exactly at the limit is delivered; the 301 others arrive
+// once each, in commit order per key.
 func TestRelayOversizeHeadersGoToFailed(t *testing.T) {
 	t.Parallel()
+	const maxPayload = 64 << 10 // --amqp-max-message-size
 	for _, mode := range []Mode{ModeBinlog, ModePoll} {
 		t.Run(string(mode), func(t *testing.T) {
 			db, b := setup(t)
@@ -43,6 +45,7 @@ func TestRelayOversizeHeadersGoToFailed(t *testing.T) {
 				c.Mode = mode
 				c.Metrics = m
 				c.RelayName = "limits-" + db.Name // parallel tests share the server's locks
+				c.AMQPMaxMessageSize = maxPayload
 			})
 			ctx := testenv.Context(t, time.Minute)
 
@@ -57,9 +60,11 @@ func TestRelayOversizeHeadersGoToFailed(t *testing.T) {
 			if got, gotOver := wireHeaderSize(t, atLimit), wireHeaderSize(t, over); got != rabbitFrameMax || gotOver != rabbitFrameMax+1 {
 				t.Fatalf("the rows' header frames are %d and %d bytes, want %d and one more", got, gotOver, rabbitFrameMax)
 			}
+			bigPayload := ordinary(b, 154)
+			bigPayload.Payload = []byte(`"` + strings.Repeat("x", maxPayload-1) + `"`)
 			bigFrame := wireHeaderSize(t, big)
 			failed := map[string]string{} // message id → what its reason must name
-			const total, txn = 303, 10
+			const total, txn = 304, 10
 			for seq := 1; seq <= total; seq += txn {
 				var msgs []outbox.Message
 				reasons := map[int]string{} // index in msgs → the failure it must have
@@ -73,6 +78,9 @@ func TestRelayOversizeHeadersGoToFailed(t *testing.T) {
 					case 153:
 						reasons[len(msgs)] = fmt.Sprintf("content-header frame of %d bytes, over the connection's frame_max of %d", rabbitFrameMax+1, rabbitFrameMax)
 						msgs = append(msgs, over)
+					case 154:
+						reasons[len(msgs)] = fmt.Sprintf("payload of %d bytes is over the broker's max_message_size of %d bytes", maxPayload+1, maxPayload)
+						msgs = append(msgs, bigPayload)
 					default:
 						msgs = append(msgs, ordinary(b, n))
 					}
