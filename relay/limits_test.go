@@ -198,3 +198,74 @@ func amqpReconnects(t *testing.T, reg *prometheus.Registry) float64 {
 	}
 	return n
 }
+
+// What the broker refuses by closing the channel costs its neighbours
+// nothing either: on a node whose max_message_size is 64 KiB (the relay
+// assumes RabbitMQ's default, 128 MiB, so it sends the message), a payload
+// one byte over it, and a CC header that is a string (RabbitMQ wants an
+// array of routing keys), go to outbox_failed with the broker's reason,
+// among 300 messages of ten keys that arrive in commit order per key
+// (neighbours published again on a new channel may arrive twice), without
+// a reconnect.
+func TestRelayBrokerRefusalsGoToFailed(t *testing.T) {
+	t.Parallel()
+	const maxMessageSize = 64 << 10
+	node := testenv.StartRabbitMQ(t, testenv.RabbitMaxMessageSize(maxMessageSize))
+	for _, mode := range []Mode{ModeBinlog, ModePoll} {
+		t.Run(string(mode), func(t *testing.T) {
+			db := testenv.MySQL(t)
+			db.Migrate(testenv.Context(t, time.Minute), t)
+			b := node.Broker(t)
+			v := consume(t, b, b.Queue)
+			reg := prometheus.NewRegistry()
+			m, err := metrics.New(reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			startRelay(t, db, b, func(c *Config) {
+				c.Mode = mode
+				c.Metrics = m
+				c.RelayName = "refusals-" + db.Name
+			})
+			ctx := testenv.Context(t, time.Minute)
+
+			failed := map[string]string{}
+			const total, txn = 302, 10
+			for seq := 1; seq <= total; seq += txn {
+				var msgs []outbox.Message
+				reasons := map[int]string{}
+				for n := seq; n < seq+txn && n <= total; n++ {
+					msg := ordinary(b, n)
+					switch n {
+					case 101:
+						msg.Payload = []byte(`"` + strings.Repeat("x", maxMessageSize-1) + `"`)
+						reasons[len(msgs)] = fmt.Sprintf("406 PRECONDITION_FAILED - message size %d is larger than configured max size %d", maxMessageSize+1, maxMessageSize)
+					case 201:
+						msg.Headers["CC"] = "not-a-list"
+						reasons[len(msgs)] = `406 PRECONDITION_FAILED - invalid message: {unacceptable_type_in_header,"CC",longstr}`
+					}
+					msgs = append(msgs, msg)
+				}
+				ids := enqueue(ctx, t, db, msgs)
+				for i, msg := range msgs {
+					if reason, ok := reasons[i]; ok {
+						failed[ids[i].String()] = reason
+					} else {
+						v.Expect(expected(ids[i], msg))
+					}
+				}
+			}
+			if err := v.WaitComplete(ctx); err != nil {
+				t.Fatalf("%v (the relay reconnected to the broker %v times)", err, amqpReconnects(t, reg))
+			}
+			waitRows(ctx, t, db, "SELECT COUNT(*) FROM outbox", 0)
+			checkFailed(ctx, t, db, failed)
+			if err := v.Check(validator.AtLeastOnce); err != nil {
+				t.Fatal(err)
+			}
+			if n := amqpReconnects(t, reg); n != 0 {
+				t.Errorf("the relay reconnected to the broker %v times, want none", n)
+			}
+		})
+	}
+}
