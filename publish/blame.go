@@ -133,8 +133,9 @@ func (p *Publisher) probe(conn *amqp.Connection) bool {
 	}()
 	for len(p.suspects) > 0 {
 		s := p.suspects[0]
+		// A closed Channel's owner gave its messages up: they are not sent.
 		s.c.mu.Lock()
-		done := s.e.resolved
+		done := s.e.resolved || s.c.closed
 		s.c.mu.Unlock()
 		if done {
 			p.suspects = p.suspects[1:]
