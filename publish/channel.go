@@ -91,11 +91,16 @@ type entry struct {
 	nackBackoff backoff.Counter
 	retry       *time.Timer
 	tag         uint64 // delivery tag in the current session; 0 when not outstanding
-	dc          *amqp.DeferredConfirmation
-	suspect     bool // unconfirmed when the broker closed the channel over one of several (probe mode)
-	resolved    bool
-	res         Result
-	span        trace.Span // the publish span; nil when tracing is off
+	// sentOn is the connection it was last sent on (blame.go); closures
+	// counts the connections the broker closed while it alone was on the
+	// wire.
+	sentOn   *amqp.Connection
+	closures int
+	dc       *amqp.DeferredConfirmation
+	suspect  bool // unconfirmed when the broker closed the channel over one of several (probe mode)
+	resolved bool
+	res      Result
+	span     trace.Span // the publish span; nil when tracing is off
 }
 
 // NewChannel opens a Channel. onResult receives every message's Result.
@@ -132,7 +137,11 @@ func (p *Publisher) NewChannel(onResult func(Result)) (*Channel, error) {
 // while the messages held would exceed MaxHeldBytes with m, while the broker
 // blocks the connection or there is no open AMQP channel (connection down,
 // republish after a reconnect in progress), and the first time it sees m's
-// exchange it waits for the broker to say whether the exchange exists. It returns
+// exchange it waits for the broker to say whether the exchange exists. A
+// message over the limits of the connection (HeaderFrameSize over its
+// negotiated frame_max, a body over MaxMessageSize) is not sent: it is
+// resolved Returned with Code 311 and a Reason that names the limit and the
+// size, in publish order, as a message to a missing exchange. It returns
 // ctx.Err() if ctx ends first, ErrClosed once the Channel or Publisher is
 // closed, or a *BadRecordError for a message that cannot be encoded (headers
 // of unsupported types, short strings over 255 bytes). Once Publish returned
@@ -148,6 +157,8 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 	if err != nil {
 		return err
 	}
+	headerSize := HeaderFrameSize(&m.Publishing)
+	var tooLarge string // why m cannot go on the current connection; "" when it can
 	c.pubMu.Lock()
 	for {
 		c.mu.Lock()
@@ -162,8 +173,16 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 			c.pubMu.Unlock()
 			return ErrClosed
 		}
-		if c.ready && !blocked && c.roomLocked(&m, missing == nil) {
-			break
+		if c.ready && !blocked {
+			// The limits of the connection the message would go on: a
+			// message over them would close the channel or the whole
+			// connection, and come back after every reconnect.
+			if !c.p.noSizeCheck {
+				tooLarge = sizeRefusal(c.sess.conn, headerSize, &m, c.p.cfg.MaxMessageSize)
+			}
+			if c.roomLocked(&m, missing == nil && tooLarge == "") {
+				break
+			}
 		}
 		changed := c.changed
 		c.mu.Unlock()
@@ -185,10 +204,15 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 	c.queue = append(c.queue, e)
 	send := false
 	switch {
-	case missing != nil:
-		// Never sent: it would close the channel, and the broker would
-		// drop or take the messages pipelined with it unknown to us.
-		c.resolveLocked(e, Returned, missing.Code, fmt.Sprintf("exchange not found: %d %s", missing.Code, missing.Reason))
+	case missing != nil || tooLarge != "":
+		// Never sent: it would close the channel (or, too large, the
+		// connection), and the broker would drop or take the messages
+		// pipelined with it unknown to us.
+		if missing != nil {
+			c.resolveLocked(e, Returned, missing.Code, fmt.Sprintf("exchange not found: %d %s", missing.Code, missing.Reason))
+		} else {
+			c.resolveLocked(e, Returned, amqp.ContentTooLarge, tooLarge)
+		}
 		select {
 		case c.kick <- struct{}{}:
 		default:
@@ -251,6 +275,7 @@ func (c *Channel) sendLocked(sess *session, e *entry) bool {
 		e.retry = nil
 	}
 	sess.byTag[tag] = e
+	e.sentOn = sess.conn
 	if c.waitSince.IsZero() {
 		c.waitSince = time.Now()
 	}
@@ -273,6 +298,7 @@ func (c *Channel) sendLocked(sess *session, e *entry) bool {
 	if sess.byTag[tag] == e {
 		delete(sess.byTag, tag)
 		e.tag = 0
+		e.sentOn = nil
 	}
 	sess.nextTag--
 	if c.sess == sess {

@@ -51,6 +51,11 @@ type Config struct {
 	// before it is reported Rejected, provided the broker has been nacking
 	// it for NackGiveUp at least. Default 5.
 	MaxAttempts int
+	// MaxMessageSize is the largest body the broker takes, its
+	// max_message_size: AMQP 0-9-1 does not tell it to a client. A message
+	// with a larger body is not sent; it is resolved Returned (Code 311).
+	// Default DefaultMaxMessageSize, RabbitMQ 3.10's default.
+	MaxMessageSize int64
 	// NackGiveUp is the least time from a message's first nack to its
 	// Rejected Result, however many attempts that takes: a quorum queue
 	// nacks every publish while it elects a leader (seconds), and such a
@@ -110,6 +115,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxAttempts < 1 {
 		return fmt.Errorf("publish config: MaxAttempts %d must be at least 1", c.MaxAttempts)
+	}
+	if c.MaxMessageSize == 0 {
+		c.MaxMessageSize = DefaultMaxMessageSize
+	}
+	if c.MaxMessageSize < 0 {
+		return fmt.Errorf("publish config: MaxMessageSize %d must be positive (the broker's max_message_size in bytes)", c.MaxMessageSize)
 	}
 	if c.NackGiveUp == 0 {
 		c.NackGiveUp = DefaultNackGiveUp

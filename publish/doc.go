@@ -42,8 +42,10 @@
 //     refusing it: basic.return of a mandatory publish (no queue bound for the
 //     routing key, Code 312), an exchange that does not exist (Code 404,
 //     Reason "exchange not found: ...", found before sending or from the
-//     channel exception its publish caused), or another channel exception
-//     the message caused.
+//     channel exception its publish caused), another channel exception
+//     the message caused, a message over the connection's size limits
+//     (Code 311, never sent), or one over which the broker closed the
+//     whole connection MaxAttempts times (the connection.close's code).
 //   - Rejected: the broker nacked the message MaxAttempts times in a row,
 //     over NackGiveUp at least.
 //
@@ -107,6 +109,41 @@
 // the next message to each is checked again. Only soft errors a publish can
 // cause (311, 403, 404, 406) are blamed on a message; any other channel close
 // is retried.
+//
+// # Messages the broker cannot take
+//
+// AMQP carries a message's properties and headers in one content-header
+// frame, which cannot be split, and the connection's negotiated frame_max
+// (RabbitMQ: 131072 by default) bounds every frame, its 8 bytes of
+// overhead included. RabbitMQ closes the whole connection over a larger
+// one (501 FRAME_ERROR; it tolerates up to 8 bytes more, but amqp091-go
+// consumers, among others, close their own connection over any frame past
+// frame_max, so the spec's bound is the one kept). A body over the
+// broker's max_message_size (128 MiB by default, not told to clients: see
+// Config.MaxMessageSize) closes the channel (406 PRECONDITION_FAILED).
+// So before a Channel sends a message it checks both on the connection it
+// would go on: HeaderFrameSize (exact) against frame_max, the body against
+// MaxMessageSize. A message over either is not sent; it is resolved
+// Returned, Code 311, with a Reason that names the limit and the size.
+//
+// # Messages that close the connection
+//
+// Whatever the check missed (another node's smaller frame_max, a broker
+// fault a message triggers) can still make the broker close the whole
+// connection with a code a message can cause (blameConnCode: frame,
+// syntax and internal errors; never a forced close). The Publisher then
+// does not hand the next connection to its Channels at once: it first
+// publishes the messages that were on the wire, over all its Channels, one
+// at a time on a side channel, each waiting for its confirm. Confirmed and
+// returned ones are resolved so; a nacked one goes back to its Channel. A
+// message alone on the wire when the broker closes the connection is the
+// cause: after MaxAttempts such closures it is resolved Returned with the
+// close's code and a Reason that says so, and it is named in the log once,
+// with the count. Between those connections the dial backoff keeps
+// growing (it starts again from ReconnectMin only after a connection lost
+// for another reason), so the Publisher never redials faster than the
+// backoff. A message confirmed before the close whose confirm was lost is
+// delivered twice, as after any lost connection.
 //
 // # Nacks
 //

@@ -44,6 +44,15 @@ type Publisher struct {
 	exchanges map[string]struct{}
 	reported  map[string]struct{}
 
+	// suspects are the messages that were on the wire when the broker
+	// closed the connection over one of them (blame.go); the supervisor
+	// publishes them one at a time on the next connection before the
+	// Channels get it. Supervisor only.
+	suspects []suspect
+	// noSizeCheck sends messages over the connection's limits: only tests
+	// of what the broker does with them set it, before any Publish.
+	noSizeCheck bool
+
 	mu       sync.Mutex
 	conn     *amqp.Connection // nil while down
 	node     string           // host:port of conn's broker node, "" while down
@@ -123,7 +132,11 @@ func (p *Publisher) dial() (*amqp.Connection, string, error) {
 }
 
 // supervise owns the connection: it watches it, tracks connection.blocked
-// and redials after a loss until p.ctx ends.
+// and redials after a loss until p.ctx ends. The backoff before a dial
+// starts again from ReconnectMin after a connection that was lost for a
+// reason of its own (network, broker restart); after one the broker closed
+// over a message, or lost while finding that message, it keeps growing, so
+// a message that closes every connection never makes the loop spin.
 func (p *Publisher) supervise(conn *amqp.Connection, node string) {
 	defer p.wg.Done()
 	defer p.finish()
@@ -153,17 +166,29 @@ func (p *Publisher) supervise(conn *amqp.Connection, node string) {
 			}
 			everConnected = true
 		}
-		bo.Reset()
-		if !p.watch(conn, node) {
+		if len(p.suspects) > 0 && !p.probe(conn) {
+			if p.ctx.Err() != nil {
+				return
+			}
+			conn = nil
+			continue
+		}
+		lost, blamed := p.watch(conn, node)
+		if !lost {
 			return
+		}
+		if !blamed {
+			bo.Reset()
 		}
 		conn = nil
 	}
 }
 
-// watch publishes conn to the Channels and returns when it is lost (true) or
-// when p.ctx ended (false; conn is then closed).
-func (p *Publisher) watch(conn *amqp.Connection, node string) bool {
+// watch publishes conn to the Channels and returns when it is lost (lost
+// true) or when p.ctx ended (false; conn is then closed). blamed says that
+// the broker closed conn over a message (blameConnCode): the messages that
+// were on the wire are then p.suspects.
+func (p *Publisher) watch(conn *amqp.Connection, node string) (lost, blamed bool) {
 	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
 	// amqp091 gives up on a listener that does not take a notification
 	// within 5s; this goroutine always takes them at once.
@@ -175,7 +200,7 @@ func (p *Publisher) watch(conn *amqp.Connection, node string) bool {
 			p.setConn(nil, "")
 			// Bounded: a broker that blocks us may not answer close-ok.
 			_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
-			return false
+			return false, false
 		case b, ok := <-blocks:
 			if !ok {
 				blocks = nil
@@ -197,7 +222,11 @@ func (p *Publisher) watch(conn *amqp.Connection, node string) bool {
 			if !conn.IsClosed() {
 				_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
 			}
-			return true
+			blamed = err != nil && err.Server && blameConnCode(err.Code)
+			if blamed {
+				p.collectSuspects(conn, err)
+			}
+			return true, blamed
 		}
 	}
 }

@@ -37,6 +37,7 @@ const (
 	DefaultLanes               = 2
 	DefaultConfirmWindow       = publish.DefaultConfirmWindow
 	DefaultMaxAttempts         = publish.DefaultMaxAttempts
+	DefaultAMQPMaxMessageSize  = publish.DefaultMaxMessageSize
 	DefaultHeartbeatInterval   = leadership.DefaultHeartbeatInterval
 	DefaultLeaderLease         = leadership.DefaultLeaderLease // with the default heartbeat; see leadership.LeaderLeaseFor
 	DefaultCheckpointInterval  = 5 * time.Minute
@@ -78,6 +79,10 @@ type Config struct {
 	Lanes            int   // publishing lanes (AMQP channels); default 2
 	ConfirmWindow    int   // messages on the wire per lane (parked ones count in MaxInflightBytes only); default 256
 	MaxAttempts      int   // broker nacks before a message goes to outbox_failed; default 5
+	// AMQPMaxMessageSize is the broker's max_message_size: a row whose
+	// payload is larger goes to outbox_failed unsent. Default 128 MiB,
+	// RabbitMQ 3.10's default.
+	AMQPMaxMessageSize int64
 
 	HeartbeatInterval  time.Duration // leadership heartbeat; default 2s
 	LeaderLease        time.Duration // a leader without a heartbeat this long is taken over by a standby; default leadership.LeaderLeaseFor(HeartbeatInterval): 10s, or 5 heartbeats if longer; at least 3 heartbeats
@@ -140,6 +145,7 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.Lanes, DefaultLanes)
 	setDefault(&c.ConfirmWindow, DefaultConfirmWindow)
 	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&c.AMQPMaxMessageSize, DefaultAMQPMaxMessageSize)
 	setDefault(&c.HeartbeatInterval, DefaultHeartbeatInterval)
 	setDefault(&c.CheckpointInterval, DefaultCheckpointInterval)
 	setDefault(&c.LeaderLease, leadership.LeaderLeaseFor(c.HeartbeatInterval))

@@ -376,6 +376,7 @@ func (r *Relay) openPolling(ctx context.Context, leader lease) (pollPublisher, r
 func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 	pub, err := publish.New(ctx, publish.Config{
 		URL: r.cfg.AMQPURL, Conn: r.cfg.AMQPOptions, ConfirmWindow: r.cfg.ConfirmWindow, MaxAttempts: r.cfg.MaxAttempts,
+		MaxMessageSize: r.cfg.AMQPMaxMessageSize,
 		// The tracker bounds what every lane holds together, parked
 		// messages included: a lane never needs more.
 		MaxHeldBytes: r.cfg.MaxInflightBytes,

@@ -47,6 +47,7 @@ role", lists every command's).`,
 func setupRun(fs *flag.FlagSet) runFunc {
 	var cfg relay.Config
 	maxInflight := byteSize(relay.DefaultMaxInflightBytes)
+	maxMessage := byteSize(relay.DefaultAMQPMaxMessageSize)
 	var serverID uint
 	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user's grants: docs/operations.md, Grants per role")
 	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
@@ -64,6 +65,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.Var(&maxInflight, "max-inflight-bytes", "`bytes` of messages read but not yet acknowledged, parked ones included (e.g. 16MiB); when full, reading stops")
 	fs.IntVar(&cfg.Lanes, "lanes", relay.DefaultLanes, "publishing lanes (AMQP channels); rows of one partition key share a lane (raise for a far broker: a lane carries at most --confirm-window messages per round trip)")
 	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", relay.DefaultConfirmWindow, "messages on the wire (sent, unconfirmed) per lane; messages parked behind their key count in --max-inflight-bytes only")
+	fs.Var(&maxMessage, "amqp-max-message-size", "the broker's max_message_size in `bytes` (e.g. 128MiB, RabbitMQ's default); a row whose payload is larger goes to outbox_failed unsent. Set it when the broker's was changed")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "broker nacks before a message goes to outbox_failed")
 	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", relay.DefaultCheckpointInterval, "how often an idle relay moves its stored position past other tables' transactions")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", relay.DefaultHeartbeatInterval, "leadership heartbeat")
@@ -74,7 +76,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	tracing := fs.Bool("tracing", false, "export one OpenTelemetry span per published message over OTLP/HTTP, in the producer's trace; configured by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, ...; docs/operations.md, Tracing)")
 	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")
 	maint := declareMaintenance(fs)
-	f := &runFlags{fs: fs, cfg: &cfg, maxInflight: &maxInflight, serverID: &serverID, my: my, tracing: tracing,
+	f := &runFlags{fs: fs, cfg: &cfg, maxInflight: &maxInflight, maxMessage: &maxMessage, serverID: &serverID, my: my, tracing: tracing,
 		metricsAddr: metricsAddr, maint: maint}
 	return f.run
 }
@@ -85,6 +87,7 @@ type runFlags struct {
 	fs          *flag.FlagSet
 	cfg         *relay.Config
 	maxInflight *byteSize
+	maxMessage  *byteSize
 	serverID    *uint
 	my          *mysqlFlags
 	tracing     *bool
@@ -159,6 +162,7 @@ func (f *runFlags) config(inv *invocation) (relay.Config, error) {
 	cfg.MySQLDSN, cfg.MySQLPasswordFile = f.my.dsn, f.my.passwordFile
 	cfg.MySQLTLSCA, cfg.MySQLTLSCert, cfg.MySQLTLSKey = f.my.tlsCA, f.my.tlsCert, f.my.tlsKey
 	cfg.MaxInflightBytes = int64(*f.maxInflight)
+	cfg.AMQPMaxMessageSize = int64(*f.maxMessage)
 	if !isSet(f.fs, "leader-lease") {
 		cfg.LeaderLease = 0 // the library's default follows the heartbeat
 	}

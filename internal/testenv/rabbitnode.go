@@ -62,7 +62,9 @@ type RabbitNode struct {
 	outLog   string     // the start script's stdout and stderr
 	nodeLog  string     // the broker's log file
 	tls      *rabbitTLS // nil: no TLS listener
-	tlsPort  int        // the TLS listener's port when tls is set
+	// maxMessageSize is max_message_size in rabbitmq.conf; 0: not set.
+	maxMessageSize int
+	tlsPort        int // the TLS listener's port when tls is set
 
 	mu   sync.Mutex
 	proc *process // nil before the first start
@@ -74,6 +76,17 @@ type RabbitOption func(testing.TB, *rabbitOptions)
 type rabbitOptions struct {
 	tls    *rabbitTLS
 	cookie string // the Erlang cookie; "" draws one (a cluster's nodes share theirs)
+	// maxMessageSize is the node's max_message_size in bytes; 0 leaves
+	// RabbitMQ's default (128 MiB).
+	maxMessageSize int
+}
+
+// RabbitMaxMessageSize sets the node's max_message_size: the broker closes
+// a channel with 406 PRECONDITION_FAILED over a message whose body is
+// larger. It is a setting of the whole node, which is why it needs a node
+// of its own.
+func RabbitMaxMessageSize(bytes int) RabbitOption {
+	return func(_ testing.TB, o *rabbitOptions) { o.maxMessageSize = bytes }
 }
 
 // rabbitTLS is the node's TLS listener: PEM files of the CA that signs
@@ -146,6 +159,8 @@ func newRabbitNode(o rabbitOptions) (_ *RabbitNode, err error) {
 		ctl:    ctl,
 		outLog: filepath.Join(dir, "rabbitmq-server.out"),
 		tls:    o.tls,
+
+		maxMessageSize: o.maxMessageSize,
 	}
 	n.nodeLog = filepath.Join(dir, "log", n.name+".log")
 	defer func() {
@@ -229,6 +244,9 @@ func (n *RabbitNode) pickPorts() error {
 	}
 	n.port, n.distPort = ports[0], ports[1]
 	conf := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nlog.console = false\nlog.file.level = info\n", n.port)
+	if n.maxMessageSize > 0 {
+		conf += fmt.Sprintf("max_message_size = %d\n", n.maxMessageSize)
+	}
 	if n.tls != nil {
 		n.tlsPort = ports[2]
 		conf += fmt.Sprintf("listeners.ssl.1 = 127.0.0.1:%d\n", n.tlsPort) +

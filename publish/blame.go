@@ -1,0 +1,255 @@
+package publish
+
+// This file finds the message over which the broker closed the whole
+// connection (see "Messages that close the connection" in the package
+// documentation). The supervisor goroutine owns Publisher.suspects; the
+// entries are read and resolved under their Channel's mu.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+)
+
+// suspect is a message that was on the wire (sent, unconfirmed) when the
+// broker closed the connection over one message.
+type suspect struct {
+	c *Channel
+	e *entry
+}
+
+// blameConnCode reports whether a connection.close the broker sent with
+// code can be the fault of one message: a frame it could not take (a
+// content-header frame over frame_max), a malformed or unexpected frame, or
+// an internal error in handling one. Forced closes (320: an operator, a
+// node stopping) and refusals of the user or vhost are never a message's.
+func blameConnCode(code int) bool {
+	switch code {
+	case amqp.FrameError, amqp.SyntaxError, amqp.CommandInvalid, amqp.UnexpectedFrame,
+		amqp.ResourceError, amqp.NotImplemented, amqp.InternalError:
+		return true
+	}
+	return false
+}
+
+// collectSuspects records, after the broker closed conn with cerr (a code
+// blameConnCode accepts), the messages that were on the wire on conn: the
+// next connection publishes them one at a time (probe) before the Channels
+// get it. One message alone on the wire is the cause, and this closure
+// counts for it. Supervisor only.
+func (p *Publisher) collectSuspects(conn *amqp.Connection, cerr *amqp.Error) {
+	p.mu.Lock()
+	chans := make([]*Channel, 0, len(p.channels))
+	for c := range p.channels {
+		chans = append(chans, c)
+	}
+	p.mu.Unlock()
+	var found []suspect
+	for _, c := range chans {
+		c.mu.Lock()
+		for _, e := range c.queue {
+			if !e.resolved && e.sentOn == conn {
+				found = append(found, suspect{c, e})
+			}
+		}
+		c.mu.Unlock()
+	}
+	if len(found) == 1 && p.blame(found[0], cerr) {
+		found = nil
+	}
+	p.suspects = found
+	if len(found) > 1 {
+		p.log.Warn("the broker closed the connection over one of the messages on the wire; they will be published again one at a time to find it",
+			zap.Int("messages", len(found)), zap.Error(cerr))
+	}
+}
+
+// blame counts one connection the broker closed with cerr while s alone
+// was on the wire, and resolves s Returned once that happened MaxAttempts
+// times; it reports whether s is resolved (by this or earlier).
+func (p *Publisher) blame(s suspect, cerr *amqp.Error) bool {
+	s.c.mu.Lock()
+	if s.e.resolved {
+		s.c.mu.Unlock()
+		return true
+	}
+	s.e.closures++
+	n := s.e.closures
+	s.c.mu.Unlock()
+	if n < p.cfg.MaxAttempts {
+		return false
+	}
+	m := &s.e.msg
+	reason := fmt.Sprintf("the broker closed the connection %d times while this message alone was on the wire: %d %s", n, cerr.Code, cerr.Reason)
+	p.log.Warn("a message closed the AMQP connection every time it was published; reporting it as returned",
+		zap.String("message_id", m.Publishing.MessageId), zap.String("exchange", m.Exchange),
+		zap.String("routing_key", m.RoutingKey), zap.Int("closures", n), zap.Error(cerr))
+	s.c.resolveFromPublisher(s.e, Returned, cerr.Code, reason)
+	return true
+}
+
+// resolveFromPublisher resolves e, unless it already is, for the
+// Publisher's probe; the Channel's goroutine delivers the Result in
+// publish order, and the next session sends its key's next message.
+func (c *Channel) resolveFromPublisher(e *entry, o Outcome, code int, reason string) {
+	c.mu.Lock()
+	if !e.resolved {
+		c.resolveLocked(e, o, code, reason)
+	}
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// probeOutcome is what one probe publish came to.
+type probeOutcome int
+
+const (
+	probeConfirmed  probeOutcome = iota
+	probeReturned                // basic.return: unroutable
+	probeCleared                 // nacked, or its channel closed: not the culprit; its Channel publishes it again
+	probeConnClosed              // the connection closed meanwhile
+	probeStopped                 // the Publisher is closing
+)
+
+// probe publishes the suspects on conn one at a time, each waiting for its
+// outcome, before conn is handed to the Channels: a confirmed or returned
+// message is resolved so, a nacked one is left to its Channel, and one that
+// makes the broker close conn is blamed (blame). It returns true once no
+// suspect is left, false when conn was lost or p.ctx ended (conn is then
+// closed). Supervisor only.
+func (p *Publisher) probe(conn *amqp.Connection) bool {
+	connCloses := conn.NotifyClose(make(chan *amqp.Error, 1))
+	var pc *probeChannel
+	defer func() {
+		if pc != nil {
+			pc.close()
+		}
+	}()
+	for len(p.suspects) > 0 {
+		s := p.suspects[0]
+		// A closed Channel's owner gave its messages up: they are not sent.
+		s.c.mu.Lock()
+		done := s.e.resolved || s.c.closed
+		s.c.mu.Unlock()
+		if done {
+			p.suspects = p.suspects[1:]
+			continue
+		}
+		if pc == nil {
+			var err error
+			if pc, err = openProbeChannel(conn); err != nil {
+				p.log.Warn("open an AMQP channel to find the message that closed the connection", zap.Error(err))
+				p.closeAfterProbe(conn)
+				return false
+			}
+		}
+		out, cerr := pc.publish(p.ctx, &s.e.msg, conn, connCloses)
+		switch out {
+		case probeConfirmed:
+			s.c.resolveFromPublisher(s.e, Confirmed, 0, "")
+		case probeReturned:
+			s.c.resolveFromPublisher(s.e, Returned, amqp.NoRoute, "312 NO_ROUTE")
+		case probeCleared:
+			if pc.ch.IsClosed() {
+				pc = nil
+			}
+		case probeConnClosed:
+			pc = nil
+			if cerr != nil && cerr.Server && blameConnCode(cerr.Code) {
+				p.blame(s, cerr)
+			}
+			p.log.Warn("AMQP connection lost while finding the message that closed the previous one", zap.Error(cerr))
+			return false
+		case probeStopped:
+			p.closeAfterProbe(conn)
+			return false
+		}
+		p.suspects = p.suspects[1:]
+	}
+	return true
+}
+
+func (p *Publisher) closeAfterProbe(conn *amqp.Connection) {
+	if !conn.IsClosed() {
+		_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
+	}
+}
+
+// probeChannel is the Publisher's channel in confirm mode for probes.
+type probeChannel struct {
+	ch      *amqp.Channel
+	closes  chan *amqp.Error
+	returns chan amqp.Return
+}
+
+func openProbeChannel(conn *amqp.Connection) (*probeChannel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	pc := &probeChannel{
+		ch:      ch,
+		closes:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+		returns: ch.NotifyReturn(make(chan amqp.Return, 1)), // one message on the wire at a time
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	return pc, nil
+}
+
+func (pc *probeChannel) close() {
+	if !pc.ch.IsClosed() {
+		_ = pc.ch.Close()
+	}
+}
+
+// publish sends m alone and waits for its outcome; for probeConnClosed it
+// also returns the connection's close error (nil when closed by the client).
+func (pc *probeChannel) publish(ctx context.Context, m *Message, conn *amqp.Connection, connCloses <-chan *amqp.Error) (probeOutcome, *amqp.Error) {
+	connClosed := func() (probeOutcome, *amqp.Error) {
+		// amqp091 notifies the connection's close before it closes the
+		// channels, so the error is there.
+		return probeConnClosed, <-connCloses
+	}
+	dc, err := pc.ch.PublishWithDeferredConfirm(m.Exchange, m.RoutingKey, true, false, m.Publishing)
+	if err != nil {
+		if conn.IsClosed() {
+			return connClosed()
+		}
+		return probeCleared, nil
+	}
+	select {
+	case <-ctx.Done():
+		return probeStopped, nil
+	case cerr := <-connCloses:
+		return probeConnClosed, cerr
+	case <-pc.closes:
+		if conn.IsClosed() {
+			return connClosed()
+		}
+		return probeCleared, nil
+	case <-dc.Done():
+	}
+	if !dc.Acked() {
+		// A channel or connection that closes settles the publish as a
+		// nack: tell that from the broker's own nack.
+		if conn.IsClosed() {
+			return connClosed()
+		}
+		return probeCleared, nil
+	}
+	select {
+	case <-pc.returns: // a basic.return comes before its ack
+		return probeReturned, nil
+	default:
+		return probeConfirmed, nil
+	}
+}
