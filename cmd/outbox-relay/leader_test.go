@@ -350,11 +350,12 @@ func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 	}
 	afterWake := f.seen.count(ofEpoch(e1)) - oldBefore
 	why := strings.TrimSpace(grepLines(f.leader.output(), "leadership"))
+	ended := strings.TrimSpace(grepLines(f.standby.output(), "poll connections"))
 	t.Logf("SIGSTOP %v: first delivery of the new leader %v after the stop, every one of %d keys %v after the takeover; "+
 		"the stale leader published %d messages after waking (none committed after the stop), %d duplicates in all; "+
-		"woke at +%v; its log:\n%s",
+		"woke at +%v; the new leader's ending of its poll connections:\n%s\nits log:\n%s",
 		extra, first.at.Sub(stopped).Round(time.Millisecond), len(keys), everyKey.Sub(tookOver).Round(time.Millisecond),
-		afterWake, dups, woke.Sub(stopped).Round(time.Millisecond), why)
+		afterWake, dups, woke.Sub(stopped).Round(time.Millisecond), ended, why)
 }
 
 // stopInsideRound SIGSTOPs a poll-mode leader while one of its rounds holds
