@@ -31,8 +31,13 @@ func (p *Poller) NewDelayedSweeper() (*DelayedSweeper, error) {
 	return &DelayedSweeper{w: w}, nil
 }
 
-// Close closes the sweeper's channel.
-func (s *DelayedSweeper) Close() error { return s.w.ch.Close() }
+// Close closes the sweeper's channel and its database connection (which
+// Round opens, with a poll lock, and keeps between rounds). Not at once with
+// Round.
+func (s *DelayedSweeper) Close() error {
+	s.w.endSession()
+	return s.w.ch.Close()
+}
 
 // Pending reports whether any row with available_at set is still pending,
 // due or not: while one is, the relay keeps sweeping.
@@ -54,10 +59,21 @@ func (s *DelayedSweeper) Pending(ctx context.Context) (bool, error) {
 // At-least-once like every round: if it fails after publishing, the rows
 // stay pending and are published again. Like a poll round it asks
 // Config.Leading after its claim: an error wrapping
-// leadership.ErrLeaseExpired, nothing published, when it says no.
-func (s *DelayedSweeper) Round(ctx context.Context) (int, error) {
+// leadership.ErrLeaseExpired, nothing published, when it says no. It runs
+// on the sweeper's own connection (a worker's, session.go), which a failed
+// round closes.
+func (s *DelayedSweeper) Round(ctx context.Context) (n int, err error) {
 	w, p := s.w, s.w.p
-	tx, err := p.db.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	defer func() {
+		if err != nil {
+			w.endSession() // after the transaction's rollback (deferred below)
+		}
+	}()
+	conn, err := w.session(ctx)
+	if err != nil {
+		return 0, err
+	}
+	tx, err := conn.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return 0, fmt.Errorf("begin delayed-row sweep: %w", err)
 	}

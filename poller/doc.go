@@ -8,7 +8,11 @@
 //
 // # Rounds
 //
-// Each of Config.Workers workers owns one publish.Channel and runs rounds.
+// Each of Config.Workers workers owns one publish.Channel and one database
+// connection, which holds one of the relay name's poll locks
+// (checkpoint.PollLockName) so that a new leader can end it when this process
+// stops mid-round with partition heads locked (session.go; docs/poller.md, "A
+// worker's connection, and a stopped leader's locks"), and runs rounds.
 // A round:
 //
 //  1. Candidates, outside any transaction and without locks: the id of

@@ -55,8 +55,11 @@ type Poller struct {
 //
 // db needs no particular session settings: times are compared with
 // UTC_TIMESTAMP(6) and scanned as UTC with or without parseTime. Each worker
-// uses one connection at a time, so the pool should allow cfg.Workers open
-// connections besides what the rest of the relay needs.
+// holds a connection of its own for the length of its call (Run, Drain; a
+// DelayedSweeper until Close), marked with one of the relay name's poll
+// locks (session.go), so the pool must allow cfg.Workers open connections
+// besides what the rest of the relay needs, or the workers wait for each
+// other's.
 func New(db *sql.DB, pub *publish.Publisher, store *checkpoint.Store, epoch int64, cfg Config) (*Poller, error) {
 	if db == nil || pub == nil || store == nil {
 		return nil, errors.New("poller: New needs a database, a publisher and a checkpoint store")
@@ -231,6 +234,7 @@ func (p *Poller) workers(ctx context.Context, body func(context.Context, *worker
 		go func() {
 			defer wg.Done()
 			defer ch.Close()
+			defer w.endSession()
 			n, err := body(ctx, w)
 			mu.Lock()
 			defer mu.Unlock()
@@ -247,14 +251,17 @@ func (p *Poller) workers(ctx context.Context, body func(context.Context, *worker
 	return t, firstErr
 }
 
-// worker owns one publish channel and runs one round at a time on it.
+// worker owns one publish channel and one database connection (session.go)
+// and runs one round at a time on them.
 type worker struct {
 	p       *Poller
 	id      int
 	ch      *publish.Channel
-	cur     *cursor  // shared with the call's other workers
-	commits *commits // shared with the call's other workers
-	found   *commits // shared with the call's other workers: closed when a round finds rows
+	conn    *sql.Conn // holds a poll lock; nil until the first round and after a failed one
+	used    time.Time // when conn was last handed to a round
+	cur     *cursor   // shared with the call's other workers
+	commits *commits  // shared with the call's other workers
+	found   *commits  // shared with the call's other workers: closed when a round finds rows
 	log     *zap.Logger
 
 	// Rounds ctx's end rolled back after they had published, and their
@@ -492,13 +499,13 @@ func waitCommit(ctx context.Context, commit <-chan struct{}, d time.Duration) bo
 // them all up. It reads from the shared cursor on, and from the start
 // again if that finds nothing, so an empty result means no pending due row
 // (up to maxID) at all.
-func (w *worker) candidates(ctx context.Context, cur *cursor, maxID uint64) (ids []uint64, settled bool, err error) {
+func (w *worker) candidates(ctx context.Context, conn *sql.Conn, cur *cursor, maxID uint64) (ids []uint64, settled bool, err error) {
 	p := w.p
 	limit := p.cfg.Batch * (p.cfg.Workers + 1)
 	for {
 		from, known := cur.get()
 		q, args := p.q.candidates(from, known, limit, maxID)
-		cands, err := readCandidates(ctx, p.db, q, args...)
+		cands, err := readCandidates(ctx, conn, q, args...)
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1176 {
 			return nil, false, fmt.Errorf("find pending rows of %s: the table lacks an index the poller needs "+
@@ -515,14 +522,24 @@ func (w *worker) candidates(ctx context.Context, cur *cursor, maxID uint64) (ids
 	}
 }
 
-// round runs one round: find candidates (outside any transaction); if there
-// are some, claim, publish, flush, acknowledge, fence and commit in one READ
-// COMMITTED transaction. It returns how many rows it acknowledged and
-// whether there were candidates at all.
+// round runs one round on the worker's connection: find candidates (outside
+// any transaction); if there are some, claim, publish, flush, acknowledge,
+// fence and commit in one READ COMMITTED transaction. It returns how many
+// rows it acknowledged and whether there were candidates at all. A failed
+// round closes the connection (the next opens another).
 func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked int, found bool, err error) {
 	p := w.p
 	t0 := time.Now()
-	ids, settled, err := w.candidates(ctx, cur, maxID)
+	defer func() {
+		if err != nil {
+			w.endSession() // after the transaction's rollback (deferred below)
+		}
+	}()
+	conn, err := w.session(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	ids, settled, err := w.candidates(ctx, conn, cur, maxID)
 	if err != nil {
 		return 0, false, err
 	}
@@ -534,7 +551,7 @@ func (w *worker) round(ctx context.Context, cur *cursor, maxID uint64) (acked in
 	// confirmed can still commit at shutdown; its statements take ctx (or
 	// the bounded finish context), and cancelling one breaks the
 	// connection, which rolls the transaction back.
-	tx, err := p.db.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := conn.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return 0, true, fmt.Errorf("begin poll transaction: %w", err)
 	}

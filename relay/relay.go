@@ -132,11 +132,14 @@ func New(cfg Config) (*Relay, error) {
 		return nil, &ConfigError{err}
 	}
 	db := sql.OpenDB(&rowImageConnector{Connector: connector, log: cfg.Logger})
-	// A leader holds two (its lock, its heartbeat) for its term.
-	db.SetMaxOpenConns(9)
-	// As many idle as open: poll workers and the acker would otherwise
-	// reconnect (handshake, SET time_zone) on every round.
-	db.SetMaxIdleConns(9)
+	// A leader holds two (its lock, its heartbeat) for its term, and each
+	// poll worker one for its call (poller.New), as does the due-time
+	// sweeper: seven besides the poll workers.
+	open := 7 + cfg.PollWorkers
+	db.SetMaxOpenConns(open)
+	// As many idle as open: the acker and the rest would otherwise
+	// reconnect (handshake, SET time_zone) on every use.
+	db.SetMaxIdleConns(open)
 	db.SetConnMaxIdleTime(time.Minute)
 
 	store, err := checkpoint.New(db, checkpoint.Config{

@@ -118,7 +118,11 @@ func (s *Elector) Led(ctx context.Context) bool {
 // leader of another relay name holds the outbox table (Config.Table; the
 // refused term's epoch is spent and its leader_instance cleared). A leader whose stored heartbeat is older than LeaderLease
 // is taken over: its lock connection is killed (the relay's user may kill
-// its own connections) and the lock taken. On success the epoch in the
+// its own connections) and the lock taken. Whenever the previous leader did
+// not release leadership, the connections of its poll workers are killed
+// too, before the epoch bump and again after waiting out its lease
+// (endPollers): their rounds roll back and free the partition heads they
+// held. On success the epoch in the
 // progress row is one more than any earlier leader's, a heartbeat runs until
 // Release or loss, and the previous leader can publish no more: when it had
 // not released leadership and its stored heartbeat is younger than
@@ -161,9 +165,11 @@ func (s *Elector) AcquireWithin(ctx context.Context, wait time.Duration) (*Leade
 	stopKilling := func() {}
 	if l.takeover != "" || prev.instance != "" {
 		// The previous leader, not released, may have been stopped inside
-		// a transaction that locks the progress row (an acknowledgement's
-		// fence): end it, or the epoch bump would wait for it as long as
-		// it is stopped.
+		// poll rounds that lock partition heads, or inside a transaction
+		// that locks the progress row (an acknowledgement's fence, a poll
+		// round's): end them, or this leader would find those partitions
+		// held, and the epoch bump would wait, as long as it is stopped.
+		l.endPollers(ctx)
 		stopKilling = l.killBlockers(ctx)
 	}
 	err = l.bumpEpoch(ctx)
@@ -205,6 +211,10 @@ func (s *Elector) AcquireWithin(ctx context.Context, wait time.Duration) (*Leade
 			cancel()
 			return nil, err
 		}
+		// Woken inside its lease, the previous leader may have begun
+		// another round meanwhile: its lease is over now, so that round
+		// can publish nothing, but it may hold partition heads.
+		l.endPollers(ctx)
 	}
 	return l, nil
 }

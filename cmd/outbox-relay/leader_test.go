@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"net/url"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +50,7 @@ func (p *relayProc) signal(sig syscall.Signal) {
 type epochDelivery struct {
 	outboxID int64
 	epoch    int64
+	key      string // x-partition-key
 	at       time.Time
 }
 
@@ -79,8 +84,9 @@ func newEpochConsumer(t *testing.T, b *testenv.Broker) *epochConsumer {
 		for d := range deliveries {
 			epoch, _ := d.Headers["x-relay-epoch"].(int64)
 			id, _ := d.Headers["x-outbox-id"].(int64)
+			key, _ := d.Headers["x-partition-key"].(string)
 			c.mu.Lock()
-			c.ds = append(c.ds, epochDelivery{outboxID: id, epoch: epoch, at: time.Now()})
+			c.ds = append(c.ds, epochDelivery{outboxID: id, epoch: epoch, key: key, at: time.Now()})
 			c.mu.Unlock()
 		}
 	}()
@@ -98,6 +104,19 @@ func (c *epochConsumer) count(f func(epochDelivery) bool) int {
 		}
 	}
 	return n
+}
+
+// keys is the set of partition keys of the deliveries for which f holds.
+func (c *epochConsumer) keys(f func(epochDelivery) bool) map[string]bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	keys := map[string]bool{}
+	for _, d := range c.ds {
+		if f(d) {
+			keys[d.key] = true
+		}
+	}
+	return keys
 }
 
 // first is the earliest delivery for which f holds.
@@ -244,28 +263,58 @@ func TestLeaderFailoverSIGKILL(t *testing.T) {
 
 // The leader is SIGSTOPped under a producing stream (its connections stay
 // open, its lock stays held): the standby takes over once the lease has
-// run out. Then the stale leader is woken: it publishes no row committed
-// after it was stopped under its old epoch, moves nothing in the progress
-// row, notices at once and becomes a standby.
+// run out, and every partition moves again at once. Then the stale leader
+// is woken: it publishes no row committed after it was stopped under its
+// old epoch, moves nothing in the progress row, notices at once and
+// becomes a standby.
 func TestLeaderFailoverSIGSTOP(t *testing.T) { testLeaderFailoverSIGSTOP(t) }
 
-// TestLeaderFailoverSIGSTOP in poll mode: a stale poll-mode leader that
-// wakes claims no row and publishes none committed after it was stopped
-// (each round checks the lease between its claim and its first publish).
+// TestLeaderFailoverSIGSTOP in poll mode, the leader stopped inside a poll
+// round that holds partition heads locked (stopInsideRound): the new leader
+// must not find those partitions stuck behind the stopped process's row
+// locks. A stale poll-mode leader that wakes claims no row and publishes none
+// committed after it was stopped (each round checks the lease between its
+// claim and its first publish).
 func TestLeaderFailoverSIGSTOPPoll(t *testing.T) { testLeaderFailoverSIGSTOP(t, "--mode", "poll") }
 
+// takeoverBound is how soon after a takeover the new leader must have
+// delivered rows of every partition key: its first rounds (poll mode) or
+// the start of its binlog catch-up, with slack for a loaded machine. The
+// stale leader's row locks must not hold any partition for longer.
+const takeoverBound = 10 * time.Second
+
 // testLeaderFailoverSIGSTOP is TestLeaderFailoverSIGSTOP with extra relay
-// flags.
+// flags; with "poll" among them the leader publishes through a proxy and is
+// stopped inside a round (stopInsideRound).
 func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 	t.Parallel() // a server of its own (privateDB); mostly waits for leases and exits
 	ctx := testenv.WorkContext(t)
 	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
-	f := startFailover(t, ctx, db, b, nil, extra...)
+	poll := slices.Contains(extra, "poll")
+	var (
+		leaderOnly []string
+		amqpProxy  *testenv.FaultProxy
+	)
+	if poll {
+		amqpURL, err := url.Parse(b.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		amqpProxy = testenv.Proxy(t, amqpURL.Host)
+		amqpURL.Host = amqpProxy.Addr()
+		leaderOnly = []string{"--amqp-url", amqpURL.String()}
+	}
+	f := startFailover(t, ctx, db, b, leaderOnly, extra...)
 	e1 := progressEpoch(ctx, t, db)
 	f.seen.waitFor(ctx, t, "from the first leader", 500, ofEpoch(e1))
+	keys := f.seen.keys(ofEpoch(e1))
 
-	f.leader.stop()
+	if poll {
+		stopInsideRound(ctx, t, f.leader, amqpProxy, db.SQL)
+	} else {
+		f.leader.stop()
+	}
 	stopped := time.Now()
 	// Every id from here on was allocated after the stop, so its row was
 	// committed after it.
@@ -277,7 +326,10 @@ func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 	wctx, cancel := context.WithTimeout(ctx, testLease+10*time.Second)
 	f.standby.waitLog(wctx, "took over")
 	cancel()
+	tookOver := time.Now()
 	e2 := progressEpoch(ctx, t, db)
+	waitEveryKey(ctx, t, f.seen, keys, e2, tookOver)
+	everyKey := time.Now()
 	// Rows committed after the stop are now in the stale leader's binlog
 	// socket, waiting for it to read them (binlog mode), or pending rows
 	// its poll workers would claim at their next round (poll mode).
@@ -298,9 +350,109 @@ func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 	}
 	afterWake := f.seen.count(ofEpoch(e1)) - oldBefore
 	why := strings.TrimSpace(grepLines(f.leader.output(), "leadership"))
-	t.Logf("SIGSTOP %v: first delivery of the new leader %v after the stop; the stale leader published %d messages after waking "+
-		"(none committed after the stop), %d duplicates in all; woke at +%v; its log:\n%s",
-		extra, first.at.Sub(stopped).Round(time.Millisecond), afterWake, dups, woke.Sub(stopped).Round(time.Millisecond), why)
+	ended := strings.TrimSpace(grepLines(f.standby.output(), "poll connections"))
+	t.Logf("SIGSTOP %v: first delivery of the new leader %v after the stop, every one of %d keys %v after the takeover; "+
+		"the stale leader published %d messages after waking (none committed after the stop), %d duplicates in all; "+
+		"woke at +%v; the new leader's ending of its poll connections:\n%s\nits log:\n%s",
+		extra, first.at.Sub(stopped).Round(time.Millisecond), len(keys), everyKey.Sub(tookOver).Round(time.Millisecond),
+		afterWake, dups, woke.Sub(stopped).Round(time.Millisecond), ended, why)
+}
+
+// stopInsideRound SIGSTOPs a poll-mode leader while one of its rounds holds
+// partition heads locked, as a leader stopped mid-round under a steady
+// stream is. Its broker (through proxy) stalls, so a round that claims rows
+// then waits for confirms that do not come. Once the server shows such a
+// transaction (rows locked, none changed: a round before its
+// acknowledgement) the leader is stopped, and the look is repeated while it
+// is stopped: a transaction seen then can no longer end, as its frozen
+// client sends no COMMIT. A round whose confirms came just before the stall
+// may commit between the two looks; it then tries again. The proxy passes
+// traffic again once the leader is stopped (its connections through it are
+// cut).
+func stopInsideRound(ctx context.Context, t *testing.T, p *relayProc, proxy *testenv.FaultProxy, db *sql.DB) {
+	t.Helper()
+	proxy.Stall()
+	defer proxy.Unstall()
+	for {
+		for roundsHolding(ctx, t, db) == 0 {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("no poll round of the leader holds rows locked while its broker stalls: %v", ctx.Err())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		p.stop()
+		p.waitStopped(ctx)
+		if roundsHolding(ctx, t, db) > 0 {
+			return
+		}
+		p.cont()
+	}
+}
+
+// roundsHolding counts the transactions that hold rows locked and have
+// changed none: poll rounds between their claim and their acknowledgement
+// (the producers' transactions change rows; the standby runs none).
+func roundsHolding(ctx context.Context, t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.INNODB_TRX
+		WHERE trx_rows_locked > 0 AND trx_rows_modified = 0`).Scan(&n); err != nil {
+		t.Fatalf("look for poll rounds holding rows: %v", err)
+	}
+	return n
+}
+
+// waitStopped waits until the kernel shows the process stopped (state T
+// in /proc/PID/stat): SIGSTOP has taken effect on every thread.
+func (p *relayProc) waitStopped(ctx context.Context) {
+	p.t.Helper()
+	path := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
+	for {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			p.t.Fatalf("read the relay's state: %v", err)
+		}
+		// pid (comm) state ...: comm may hold spaces and parentheses.
+		if rest := string(data[bytes.LastIndexByte(data, ')')+1:]); strings.HasPrefix(strings.TrimSpace(rest), "T") {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			p.t.Fatalf("the relay did not stop after SIGSTOP: %v", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// waitEveryKey waits until the leader of epoch e has delivered rows of
+// every one of keys, at most takeoverBound after tookOver: the bounded wait
+// is the assertion. A key it misses is a partition whose head is still
+// locked, typically by the stale leader's stopped poll round.
+func waitEveryKey(ctx context.Context, t *testing.T, c *epochConsumer, keys map[string]bool, e int64, tookOver time.Time) {
+	t.Helper()
+	dctx, cancel := context.WithDeadline(ctx, tookOver.Add(takeoverBound))
+	defer cancel()
+	for {
+		got := c.keys(ofEpoch(e))
+		var missing []string
+		for k := range keys {
+			if !got[k] {
+				missing = append(missing, k)
+			}
+		}
+		if len(missing) == 0 {
+			return
+		}
+		select {
+		case <-dctx.Done():
+			slices.Sort(missing)
+			t.Fatalf("%v after the takeover the new leader (epoch %d) has delivered rows of %d of %d partition keys; "+
+				"%d have not moved (their heads are locked, e.g. by the stopped leader's poll round): %q",
+				takeoverBound, e, len(keys)-len(missing), len(keys), len(missing), missing)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // The leader's database connections go through a proxy that is cut and
