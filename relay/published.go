@@ -24,9 +24,10 @@ const recentLimit = 4096
 //     sent, to say what a lossy failover lost.
 //
 // The lanes call sent for every message before publishing it: a map lookup
-// and an append under a mutex, no I/O. GTIDs are folded into the set later,
-// by whoever asks for the position (the acker, for the state file; the
-// check). All methods are safe for concurrent use.
+// and an append under a mutex, no I/O. GTIDs are folded into the set later:
+// at every acknowledgement (acked, on the acker's path), and by whoever asks
+// for the position (the state file's take, the check's newest). A fold costs
+// what was sent since the last one. All methods are safe for concurrent use.
 type publishedLog struct {
 	mu       sync.Mutex
 	flavor   string
@@ -96,7 +97,11 @@ func (l *publishedLog) startTerm(flavor string) {
 	l.flavor = flavor
 }
 
-// acked folds an acknowledged position into the set.
+// acked folds an acknowledged position into the set, and with it the GTIDs
+// sent since the last fold: the acker's call, not the lanes', so that what
+// the log holds follows what is in flight (sent since the last
+// acknowledgement), not how long the relay has run, whether or not anything
+// else (the state file, a failover check) asks for the position.
 func (l *publishedLog) acked(p position.Position) error {
 	if p.GTIDSet == "" {
 		return nil
@@ -106,7 +111,10 @@ func (l *publishedLog) acked(p position.Position) error {
 	if l.flavor == "" {
 		l.flavor = p.Flavor
 	}
-	return l.addLocked(p.GTIDSet, "published by this process")
+	if err := l.addLocked(p.GTIDSet, "published by this process"); err != nil {
+		return err
+	}
+	return l.foldLocked()
 }
 
 // load starts the log from a position read elsewhere (the state file).
