@@ -68,7 +68,8 @@ func plan(table string, partitionedTable bool) []migration {
 		// broker and confirms_stalled_at on a progress table created
 		// before they existed.
 		{"0008_progress_broker", "0008_progress_broker.sql", nil},
-		// outbox_table and leader_lease_ms on a progress table created
+		// outbox_table, leader_lease_ms and leader_conn_id on a progress
+		// table created
 		// before they existed.
 		{"0009_progress_outbox_table", "0009_progress_outbox_table.sql", nil},
 	}
@@ -90,8 +91,8 @@ func plan(table string, partitionedTable bool) []migration {
 //     and outbox_relay_progress's mode_reason (0005_progress_mode_reason),
 //     paused_at and paused_epoch (0006_pause_and_instances), failed_at
 //     (0007_progress_failed_at), broker and confirms_stalled_at
-//     (0008_progress_broker), and outbox_table and leader_lease_ms
-//     (0009_progress_outbox_table).
+//     (0008_progress_broker), and outbox_table, leader_lease_ms and
+//     leader_conn_id (0009_progress_outbox_table).
 //   - A version runs when it is not recorded, or when a table it creates no
 //     longer exists. Tables are only ever created (CREATE TABLE IF NOT
 //     EXISTS), never altered destructively or dropped. Two steps follow the

@@ -76,7 +76,7 @@ func TestApplyEmptyThenNoop(t *testing.T) {
 		"outbox_relay_progress": {"relay_name varchar(255)", "outbox_table varchar(64)", "flavor varchar(16)", "gtid_set text",
 			"binlog_file varchar(255)", "binlog_pos bigint(20) unsigned", "mode varchar(16)", "mode_reason varchar(1024)", "status varchar(16)",
 			"paused_at datetime(6)", "paused_epoch bigint(20)", "failed_at datetime(6)", "broker varchar(255)", "confirms_stalled_at datetime(6)", "epoch bigint(20)", "leader_instance varchar(255)", "leader_since datetime(6)",
-			"leader_heartbeat datetime(6)", "leader_lease_ms bigint(20) unsigned", "error_count int(10) unsigned", "last_error varchar(1024)",
+			"leader_heartbeat datetime(6)", "leader_lease_ms bigint(20) unsigned", "leader_conn_id bigint(20) unsigned", "error_count int(10) unsigned", "last_error varchar(1024)",
 			"last_event_at datetime(6)", "updated_at datetime(6)"},
 		"outbox_failed": append(append([]string{"id bigint(20) unsigned", "outbox_id bigint(20) unsigned"}, wantOutbox[1:]...),
 			"error text", "source varchar(16)", "failed_at datetime(6)"),

@@ -18,7 +18,8 @@
 // "0006_pause_and_instances" adds its paused_at and paused_epoch and creates
 // outbox_relay_instances; "0007_progress_failed_at" adds its failed_at;
 // "0008_progress_broker" adds its broker and confirms_stalled_at;
-// "0009_progress_outbox_table" adds its outbox_table and leader_lease_ms.
+// "0009_progress_outbox_table" adds its outbox_table, leader_lease_ms and
+// leader_conn_id.
 // A running relay checks that every column it uses
 // exists (Current) and otherwise exits naming migrate.
 // "0003_created_at_utc:<table>" follows the

@@ -108,14 +108,14 @@ func TestApplyAddsBroker(t *testing.T) {
 	}
 }
 
-// A progress table from before 0009 (no outbox_table, no leader_lease_ms, a
-// row in it) gets both on the next migrate, NULL, and keeps its row;
+// A progress table from before 0009 (no outbox_table, leader_lease_ms or
+// leader_conn_id, a row in it) gets them on the next migrate, NULL, and keeps its row;
 // running migrate again does nothing.
 func TestApplyAddsOutboxTable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	db := olderSchema(ctx, t,
-		"ALTER TABLE outbox_relay_progress DROP COLUMN leader_lease_ms, DROP COLUMN outbox_table",
+		"ALTER TABLE outbox_relay_progress DROP COLUMN leader_conn_id, DROP COLUMN leader_lease_ms, DROP COLUMN outbox_table",
 		"DELETE FROM outbox_relay_migrations WHERE version LIKE '0009%'",
 		"INSERT INTO outbox_relay_progress (relay_name, gtid_set, epoch) VALUES ('r', '0-1-7', 3)",
 	)
@@ -130,13 +130,14 @@ func TestApplyAddsOutboxTable(t *testing.T) {
 		gtid  string
 		table sql.NullString
 		lease sql.NullInt64
+		conn  sql.NullInt64
 	)
-	if err := db.QueryRowContext(ctx, "SELECT gtid_set, outbox_table, leader_lease_ms FROM outbox_relay_progress WHERE relay_name = 'r'").
-		Scan(&gtid, &table, &lease); err != nil {
+	if err := db.QueryRowContext(ctx, "SELECT gtid_set, outbox_table, leader_lease_ms, leader_conn_id FROM outbox_relay_progress WHERE relay_name = 'r'").
+		Scan(&gtid, &table, &lease, &conn); err != nil {
 		t.Fatal(err)
 	}
-	if gtid != "0-1-7" || table.Valid || lease.Valid {
-		t.Fatalf("row after migrate: %q %v %v", gtid, table, lease)
+	if gtid != "0-1-7" || table.Valid || lease.Valid || conn.Valid {
+		t.Fatalf("row after migrate: %q %v %v %v", gtid, table, lease, conn)
 	}
 	if applied, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil || len(applied) != 0 {
 		t.Fatalf("second migrate applied %v, %v", applied, err)

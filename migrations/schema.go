@@ -71,6 +71,7 @@ func shapes(outboxTable string) []shape {
 			{"leader_since", "datetime(6)"},
 			{"leader_heartbeat", "datetime(6)"},
 			{"leader_lease_ms", "bigint unsigned"},
+			{"leader_conn_id", "bigint unsigned"},
 			{"error_count", "int unsigned"},
 			{"last_error", "varchar(1024)"},
 			{"last_event_at", "datetime(6)"},
@@ -123,11 +124,12 @@ func addedLater(table, column string) bool {
 	// 0006_pause_and_instances: the pause;
 	// 0007_progress_failed_at: when the relay stopped for good;
 	// 0008_progress_broker: the RabbitMQ node and stalled confirms;
-	// 0009_progress_outbox_table: the table a relay name publishes and
-	// its leader's lease.
+	// 0009_progress_outbox_table: the table a relay name publishes, its
+	// leader's lease and lock connection.
 	return table == DedupTable && column == "consumer" ||
 		table == ProgressTable && (column == "mode_reason" || column == "paused_at" || column == "paused_epoch" || column == "failed_at" ||
-			column == "broker" || column == "confirms_stalled_at" || column == "outbox_table" || column == "leader_lease_ms")
+			column == "broker" || column == "confirms_stalled_at" || column == "outbox_table" || column == "leader_lease_ms" ||
+			column == "leader_conn_id")
 }
 
 // ErrSchemaMismatch is matched (errors.Is) by every [*SchemaError].

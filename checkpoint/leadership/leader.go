@@ -87,7 +87,11 @@ type Leader struct {
 	// outbox table is; tableLock is the table's lock, which the lock
 	// connection holds beside the name's (claimTable).
 	database, tableLock string
-	wake                chan struct{} // the lock connection's wait was interrupted: beat now
+	// prevConn is the lock connection of this name's previous leader, as
+	// its row recorded it before this leader's epoch bump (0 when not
+	// recorded): claimTable waits for it to let go of the table's lock.
+	prevConn int64
+	wake     chan struct{} // the lock connection's wait was interrupted: beat now
 
 	lost       chan struct{}
 	stopCtx    context.Context
@@ -115,14 +119,16 @@ func (s *Elector) Led(ctx context.Context) bool {
 
 // Acquire takes leadership: a *HeldError (errors.Is ErrHeld) when another
 // instance has it, a *TableLedError (errors.Is ErrTableLed) when a live
-// leader of another relay name holds the outbox table (Config.Table; the
-// refused term's epoch is spent and its leader_instance cleared). A leader whose stored heartbeat is older than LeaderLease
-// is taken over: its lock connection is killed (the relay's user may kill
-// its own connections) and the lock taken. Whenever the previous leader did
-// not release leadership, the connections of its poll workers are killed
-// too, before the epoch bump and again after waiting out its lease
-// (endPollers): their rounds roll back and free the partition heads they
-// held. On success the epoch in the
+// leader of another relay name holds the outbox table's lock (Config.Table;
+// the refused term's epoch is spent, see giveUp), another error when the
+// database failed or the table's lock stayed held by a connection that is
+// not a live leader of another name (retry). A leader whose stored
+// heartbeat is older than LeaderLease is taken over: its lock connection is
+// killed (the relay's user may kill its own connections) and the lock taken.
+// Whenever the previous leader did not release leadership, the connections
+// of its poll workers are killed too, before the epoch bump and again after
+// waiting out its lease (endPollers): their rounds roll back and free the
+// partition heads they held. On success the epoch in the
 // progress row is one more than any earlier leader's, a heartbeat runs until
 // Release or loss, and the previous leader can publish no more: when it had
 // not released leadership and its stored heartbeat is younger than
@@ -152,13 +158,17 @@ func (s *Elector) AcquireWithin(ctx context.Context, wait time.Duration) (*Leade
 			err = l.lock(ctx, wait)
 		}
 	}
-	if err != nil {
-		conn.Close()
+	switch {
+	case errors.Is(err, ErrHeld) || errors.Is(err, errNoRow):
+		conn.Close() // no lock taken: the connection goes back to the pool
+		return nil, err
+	case err != nil:
+		discard(conn) // the statement may have taken the lock
 		return nil, err
 	}
 	prev, err := l.previous(ctx)
 	if err != nil {
-		conn.Close()
+		discard(conn) // it holds the name's lock
 		return nil, err
 	}
 	sent := time.Now()
@@ -175,19 +185,19 @@ func (s *Elector) AcquireWithin(ctx context.Context, wait time.Duration) (*Leade
 	err = l.bumpEpoch(ctx)
 	stopKilling()
 	if err != nil {
-		conn.Close()
+		discard(conn) // it holds the name's lock
 		return nil, err
 	}
 	other, err := l.claimTable(ctx)
 	if err != nil {
-		l.refuse(ctx)
+		l.giveUp(ctx, err, prev)
 		return nil, err
 	}
 	if other.wait > prev.wait {
 		prev = other
 	}
 	if l.beatConn, err = s.db.Conn(ctx); err != nil {
-		_ = l.unlock(ctx)
+		l.giveUp(ctx, err, prev)
 		return nil, fmt.Errorf("open the heartbeat connection of relay %q: %w", s.cfg.RelayName, err)
 	}
 	l.stopCtx, l.stop = context.WithCancel(context.Background())
@@ -232,7 +242,9 @@ type previousLeader struct {
 }
 
 // previous reads the previous leader with the lock held: its lock
-// connection is gone, so its heartbeat can no longer move. A leader that
+// connection is gone, so its heartbeat can no longer move. It also keeps
+// the previous leader's recorded lock connection (prevConn), which the
+// epoch bump overwrites. A leader that
 // released leadership (leader_instance NULL), or whose term this elector
 // released (its epoch), has stopped publishing: no wait.
 func (l *Leader) previous(ctx context.Context) (previousLeader, error) {
@@ -241,12 +253,16 @@ func (l *Leader) previous(ctx context.Context) (previousLeader, error) {
 		leader sql.NullString
 		epoch  int64
 		ageUS  sql.NullInt64
+		connID sql.NullInt64
 	)
 	if err := l.conn.QueryRowContext(ctx, `SELECT leader_instance, epoch,
-		TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, NOW(6)) FROM outbox_relay_progress WHERE relay_name = ?`,
-		s.cfg.RelayName).Scan(&leader, &epoch, &ageUS); err != nil {
+		TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, NOW(6)), leader_conn_id FROM outbox_relay_progress WHERE relay_name = ?`,
+		s.cfg.RelayName).Scan(&leader, &epoch, &ageUS, &connID); err != nil {
 		return previousLeader{}, fmt.Errorf("read the previous leader of relay %q: %w", s.cfg.RelayName, err)
 	}
+	// Also a released leader's: the server may not yet have let go of
+	// its table's lock when this one has the name's (claimTable).
+	l.prevConn = connID.Int64
 	s.mu.Lock()
 	ours := s.released != 0 && epoch == s.released
 	s.mu.Unlock()
@@ -416,8 +432,8 @@ func (l *Leader) getLock(ctx context.Context, waitSeconds int) (bool, error) {
 func (l *Leader) bumpEpoch(ctx context.Context) error {
 	s := l.el
 	if _, err := l.conn.ExecContext(ctx, `UPDATE outbox_relay_progress SET epoch = epoch + 1,
-		leader_instance = ?, leader_since = NOW(6), leader_heartbeat = NOW(6), outbox_table = ?, leader_lease_ms = ?
-		WHERE relay_name = ?`,
+		leader_instance = ?, leader_since = NOW(6), leader_heartbeat = NOW(6), outbox_table = ?, leader_lease_ms = ?,
+		leader_conn_id = CONNECTION_ID() WHERE relay_name = ?`,
 		s.cfg.Instance, s.cfg.Table, s.cfg.LeaderLease.Milliseconds(), s.cfg.RelayName); err != nil {
 		return fmt.Errorf("bump leader epoch of relay %q: %w", s.cfg.RelayName, err)
 	}
@@ -464,19 +480,41 @@ func (l *Leader) addTakeover(what string) {
 	l.takeover += what
 }
 
-// refuse gives up the leadership a refused Acquire took (the locks and the
-// new epoch), before any heartbeat ran: it clears leader_instance (fenced
-// by the epoch, so status shows no leader of this name) and releases the
-// locks. The term is over: a later Acquire of this Elector does not wait
-// out its lease.
-func (l *Leader) refuse(ctx context.Context) {
+// giveUp gives up the leadership an Acquire took before its heartbeat ran,
+// when claiming the table (or opening the heartbeat's connection) failed
+// with err; prev is this name's previous leader as Acquire read it. It
+// always releases the locks. Only when err is the refusal (ErrTableLed)
+// and no previous leader's lease was to be waited out does it also end
+// the term: it clears leader_instance (fenced by the epoch, so status
+// shows no leader of this name) and a later Acquire of this Elector does
+// not wait out this term's lease. Otherwise (a database error, or a
+// refusal while a previous leader may still publish) the row keeps this
+// term's leader and fresh heartbeat, so the next leader of this name
+// waits out this lease, which ends after the previous leader's: clearing
+// it would let the next leader publish beside the previous one. Errors
+// of giving up are logged; the caller returns err.
+func (l *Leader) giveUp(ctx context.Context, err error, prev previousLeader) {
+	s := l.el
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	l.el.mu.Lock()
-	l.el.released = l.epoch
-	l.el.mu.Unlock()
-	_ = l.clearLeader(ctx)
-	_ = l.unlock(ctx)
+	var gerr error
+	if refusalEndsTerm(err, prev) {
+		s.mu.Lock()
+		s.released = l.epoch
+		s.mu.Unlock()
+		gerr = l.clearLeader(ctx)
+	}
+	if gerr = errors.Join(gerr, l.unlock(ctx)); gerr != nil {
+		s.cfg.Logger.Warn("giving up leadership not taken: the row or the locks are left for the lease to end",
+			zap.String("relay", s.cfg.RelayName), zap.Int64("epoch", l.epoch), zap.NamedError("cause", err), zap.Error(gerr))
+	}
+}
+
+// refusalEndsTerm reports whether giveUp ends the term (clears the row):
+// only a refusal, and only when no previous leader's lease was still to be
+// waited out.
+func refusalEndsTerm(err error, prev previousLeader) bool {
+	return errors.Is(err, ErrTableLed) && prev.wait == 0
 }
 
 // TookOver describes the previous leader this one took over from: a stale
@@ -731,43 +769,57 @@ func (l *Leader) stopHeartbeat(ctx context.Context) {
 
 // unlock releases the locks (the table's first, so that a successor of
 // this name never finds the table's lock still held once it has the
-// name's) and closes the lock connection. When that connection was closed
-// under a statement (cancelling the heartbeat's wait
-// does that when the wake missed it), the server holds the lock until the
-// statement ends: unlock then kills the connection and waits until the
-// server has let go of the lock, so the next leader can take it at once.
+// name's) and closes the lock connection; when releasing failed, the
+// connection is discarded rather than returned to the pool with the locks
+// held. When that connection was closed under a statement (cancelling the
+// heartbeat's wait does that when the wake missed it), the server holds
+// the locks until the statement ends: unlock then kills the connection and
+// waits until the server has let go of both locks (it releases a session's
+// locks one after another), so the next leader can take them at once.
 func (l *Leader) unlock(ctx context.Context) error {
-	name := l.el.lockName()
+	name, table := l.el.lockName(), l.tableLock
 	var err error
-	if l.tableLock != "" {
-		_, err = l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?), RELEASE_LOCK(?)", l.tableLock, name)
+	if table != "" {
+		_, err = l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?), RELEASE_LOCK(?)", table, name)
 	} else {
 		_, err = l.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", name)
+		table = name
 	}
-	l.conn.Close()
-	switch {
-	case err == nil:
+	if err == nil {
+		l.conn.Close()
 		return nil
-	case !connGone(err):
-		return fmt.Errorf("release lock %q: %w", name, err)
+	}
+	discard(l.conn)
+	if !connGone(err) {
+		return fmt.Errorf("release lock %q: %w (its connection is closed, which releases it)", name, err)
 	}
 	if _, err := l.el.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", l.connID)); err != nil && !isUnknownThread(err) {
 		return fmt.Errorf("release lock %q: end the closed lock connection %d: %w", name, l.connID, err)
 	}
 	for {
-		var holder sql.NullInt64
-		if err := l.el.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", name).Scan(&holder); err != nil {
+		var held bool
+		if err := l.el.db.QueryRowContext(ctx, "SELECT COALESCE(IS_USED_LOCK(?) = ?, 0) OR COALESCE(IS_USED_LOCK(?) = ?, 0)",
+			name, l.connID, table, l.connID).Scan(&held); err != nil {
 			return fmt.Errorf("release lock %q: see whether the server let go of it: %w", name, err)
 		}
-		if !holder.Valid || holder.Int64 != l.connID {
+		if !held {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("release lock %q: the server still holds it for connection %d: %w", name, l.connID, ctx.Err())
+			return fmt.Errorf("release lock %q: the server still holds it or %q for connection %d: %w", name, table, l.connID, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// discard closes conn so that database/sql drops its driver connection
+// instead of returning it to the pool: the server then ends the session
+// and releases any lock it holds. For a connection that may hold a lock
+// after a failed statement.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
 }
 
 // clearLeader sets leader_instance to NULL in our epoch's row. It runs on

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -150,8 +151,9 @@ func TestAcquireRaceOneRelayNamePerTable(t *testing.T) {
 }
 
 // A stale leader of another relay name does not block: one that holds the
-// table's lock (a stopped process, its connection open) with a heartbeat
-// older than its recorded lease is taken over, its lock connection killed;
+// table's lock (a stopped process, its connection open: the connection its
+// row records) with a heartbeat older than its recorded lease is taken
+// over, its lock connection killed;
 // one whose row alone is left (a killed process) is ignored, no wait.
 func TestAcquireTakesTableFromStaleRelayName(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
@@ -172,8 +174,9 @@ func TestAcquireTakesTableFromStaleRelayName(t *testing.T) {
 	}
 	// "old" holds the lock, its heartbeat older than its 1.5 s lease;
 	// "older" died long ago without clearing its row.
-	mustExec(ctx, t, db, `UPDATE outbox_relay_progress SET epoch = epoch + 1, leader_instance = 'stale', outbox_table = 'outbox',
-		leader_since = NOW(6) - INTERVAL 1 HOUR, leader_heartbeat = NOW(6) - INTERVAL 3 SECOND, leader_lease_ms = 1500 WHERE relay_name = 'old'`)
+	mustExec(ctx, t, db, fmt.Sprintf(`UPDATE outbox_relay_progress SET epoch = epoch + 1, leader_instance = 'stale', outbox_table = 'outbox',
+		leader_since = NOW(6) - INTERVAL 1 HOUR, leader_heartbeat = NOW(6) - INTERVAL 3 SECOND, leader_lease_ms = 1500,
+		leader_conn_id = %d WHERE relay_name = 'old'`, staleID))
 	mustExec(ctx, t, db, `UPDATE outbox_relay_progress SET epoch = epoch + 1, leader_instance = 'dead', outbox_table = 'outbox',
 		leader_since = NOW(6) - INTERVAL 2 HOUR, leader_heartbeat = NOW(6) - INTERVAL 1 HOUR WHERE relay_name = 'older'`)
 	began := time.Now()
@@ -217,4 +220,188 @@ func TestAcquireWaitsOutOtherRelayNameLease(t *testing.T) {
 	if !strings.Contains(leader.TookOver(), `relay name "gone"`) {
 		t.Errorf("TookOver %q does not name the relay name waited out", leader.TookOver())
 	}
+}
+
+// holdTableLock takes the default outbox table's lock on a connection of
+// its own and returns it and its id.
+func holdTableLock(ctx context.Context, t *testing.T, db *sql.DB) (*sql.Conn, int64) {
+	t.Helper()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	var got, id int64
+	if err := c.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0), CONNECTION_ID()", tableLock(ctx, t, db)).Scan(&got, &id); err != nil || got != 1 {
+		t.Fatalf("take the table's lock: %d, %v", got, err)
+	}
+	return c, id
+}
+
+// A connection holding the table's lock that no progress row records (a
+// session that took it by hand) is neither killed nor a reason to refuse,
+// even beside a stale leader row of another name: Acquire waits for it a
+// bounded time (well inside the lease) and fails with an error to retry,
+// and the failed term's row keeps its leader and heartbeat (a database
+// error is not the end of a term: the next leader waits its lease out).
+func TestAcquireWaitsForUnknownTableLockHolder(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	holder, holderID := holdTableLock(ctx, t, db)
+	if err := checkpoint.EnsureRow(ctx, db, "old"); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(ctx, t, db, `UPDATE outbox_relay_progress SET epoch = epoch + 1, leader_instance = 'stale', outbox_table = 'outbox',
+		leader_since = NOW(6) - INTERVAL 1 HOUR, leader_heartbeat = NOW(6) - INTERVAL 1 HOUR, leader_conn_id = 1 WHERE relay_name = 'old'`)
+	cfg := tableCfg("new")
+	began := time.Now()
+	_, err := newElector(t, db, cfg).Acquire(ctx)
+	took := time.Since(began)
+	if err == nil || errors.Is(err, leadership.ErrTableLed) || errors.Is(err, leadership.ErrHeld) {
+		t.Fatalf("Acquire with the table's lock held by an unknown connection: %v, want an error to retry", err)
+	}
+	if !strings.Contains(err.Error(), fmt.Sprint(holderID)) {
+		t.Errorf("error %q does not name the holding connection %d", err, holderID)
+	}
+	if took > cfg.LeaderLease*3/4 {
+		t.Errorf("Acquire waited %v for the table's lock, not clearly inside the %v lease", took, cfg.LeaderLease)
+	}
+	if err := holder.PingContext(ctx); err != nil {
+		t.Fatalf("the unknown holder's connection was ended: %v", err)
+	}
+	if h := tableLockHolder(ctx, t, db); h != holderID {
+		t.Fatalf("the table's lock is held by %d, want still %d", h, holderID)
+	}
+	var instance sql.NullString
+	if err := db.QueryRowContext(ctx, "SELECT leader_instance FROM outbox_relay_progress WHERE relay_name = 'new'").Scan(&instance); err != nil {
+		t.Fatal(err)
+	}
+	if instance.String != "new-1" {
+		t.Fatalf("the failed term's row names leader %v, want new-1 kept", instance)
+	}
+}
+
+// A live leader of another relay name whose table lock is free is waited
+// out even when a session holds that name's lock: a standby of that name
+// takes it the moment its leader's lock connection is cut, while that
+// leader may still publish until its lease ends.
+func TestAcquireWaitsOutOtherRelayNameWhileItsStandbyHoldsTheName(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	if err := checkpoint.EnsureRow(ctx, db, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	standby, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Close()
+	var got int64
+	if err := standby.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", checkpoint.LockName("gone")).Scan(&got); err != nil || got != 1 {
+		t.Fatalf("take relay name gone's lock: %d, %v", got, err)
+	}
+	mustExec(ctx, t, db, `UPDATE outbox_relay_progress SET epoch = 1, leader_instance = 'cut', outbox_table = 'outbox',
+		leader_since = NOW(6), leader_heartbeat = NOW(6), leader_lease_ms = 1500, leader_conn_id = 1 WHERE relay_name = 'gone'`)
+	began := time.Now()
+	leader, err := newElector(t, db, tableCfg("next")).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Release(context.WithoutCancel(ctx))
+	if took := time.Since(began); took < time.Second {
+		t.Errorf("Acquire returned after %v, inside the other relay name's 1.5 s lease", took)
+	}
+}
+
+// A relay refused while it waited out its own name's previous leader (whose
+// lock connection is gone, lease running) keeps its row's leader and fresh
+// heartbeat: clearing them would let the next leader of the name publish
+// beside the previous one. The next Acquire waits out the refused term's
+// lease.
+func TestAcquireRefusedWhileWaitingOutKeepsRow(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	x, err := newElector(t, db, tableCfg("x")).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkpoint.EnsureRow(ctx, db, "y"); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(ctx, t, db, `UPDATE outbox_relay_progress SET epoch = 1, leader_instance = 'cut', outbox_table = 'outbox',
+		leader_since = NOW(6), leader_heartbeat = NOW(6), leader_lease_ms = 2000, leader_conn_id = 1 WHERE relay_name = 'y'`)
+	y := newElector(t, db, tableCfg("y"))
+	if _, err := y.Acquire(ctx); !errors.Is(err, leadership.ErrTableLed) {
+		t.Fatalf("y while x leads: %v, want ErrTableLed", err)
+	}
+	var instance sql.NullString
+	if err := db.QueryRowContext(ctx, "SELECT leader_instance FROM outbox_relay_progress WHERE relay_name = 'y'").Scan(&instance); err != nil {
+		t.Fatal(err)
+	}
+	if instance.String != "y-1" {
+		t.Fatalf("refused y's row names leader %v, want y-1 kept", instance)
+	}
+	if err := x.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	leader, err := y.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Release(context.WithoutCancel(ctx))
+	if took := time.Since(began); took < time.Second {
+		t.Errorf("y's next Acquire returned after %v, inside its refused term's 2 s lease", took)
+	}
+}
+
+// A successor of the same name that finds the table's lock still held by
+// its predecessor's lock connection (the server releases a session's locks
+// one after another) waits for it, neither refused (even beside a live row
+// of another name that holds nothing) nor killing it.
+func TestAcquireWaitsForPredecessorTableLock(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	pred, predID := holdTableLock(ctx, t, db)
+	for _, name := range []string{"y", "z"} {
+		if err := checkpoint.EnsureRow(ctx, db, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustExec(ctx, t, db, fmt.Sprintf(`UPDATE outbox_relay_progress SET epoch = 1, leader_instance = NULL, outbox_table = 'outbox',
+		leader_since = NOW(6), leader_heartbeat = NOW(6), leader_lease_ms = 2000, leader_conn_id = %d WHERE relay_name = 'y'`, predID))
+	mustExec(ctx, t, db, `UPDATE outbox_relay_progress SET epoch = 1, leader_instance = 'z-1', outbox_table = 'outbox',
+		leader_since = NOW(6), leader_heartbeat = NOW(6), leader_lease_ms = 1000, leader_conn_id = 1 WHERE relay_name = 'z'`)
+	type result struct {
+		l   *leadership.Leader
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := newElector(t, db, tableCfg("y")).Acquire(ctx)
+		done <- result{l, err}
+	}()
+	// Let go of the predecessor's table lock once the successor waits for it.
+	for waiting := 0; waiting == 0; {
+		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE INFO LIKE 'SELECT GET_LOCK(%' AND STATE LIKE '%lock%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("Acquire returned before the predecessor let go of the table's lock: %v", r.err)
+		case <-ctx.Done():
+			t.Fatal("the successor never waits for the table's lock")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	var released int64
+	if err := pred.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", tableLock(ctx, t, db)).Scan(&released); err != nil || released != 1 {
+		t.Fatalf("release the predecessor's table lock: %d, %v (was it killed?)", released, err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("successor of the same name: %v, want leadership", r.err)
+	}
+	defer r.l.Release(context.WithoutCancel(ctx))
 }

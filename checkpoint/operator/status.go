@@ -84,11 +84,26 @@ type LeaderState struct {
 	Since               time.Time
 	HeartbeatAgeSeconds float64
 	Alive               bool
+	// Lease is the lease the leader recorded it runs with
+	// (leader_lease_ms); 0 when it recorded none (a leader of an earlier
+	// version). Alive is judged by the lease given to ReadStatus.
+	Lease time.Duration
 }
 
 // Live reports whether a leader holds the relay now, as far as the row
 // tells: one is named and its heartbeat is within the lease.
 func (s RelayStatus) Live() bool { return s.Leader != nil && s.Leader.Alive }
+
+// LiveByOwnLease is Live judged by the lease the leader recorded
+// (LeaderState.Lease) when it recorded one: a relay of another name, run
+// with another --leader-lease than the operator's command was given, is
+// live exactly while its leadership is.
+func (s RelayStatus) LiveByOwnLease() bool {
+	if s.Leader == nil || s.Leader.Lease <= 0 {
+		return s.Live()
+	}
+	return s.Leader.HeartbeatAgeSeconds <= s.Leader.Lease.Seconds()
+}
 
 // ReadStatus reads the progress rows: every relay's when relayName is "",
 // else that one's (ErrUnknownRelay when it has none). lease is the leader
@@ -98,7 +113,7 @@ func (s RelayStatus) Live() bool { return s.Leader != nil && s.Leader.Alive }
 // nothing.
 func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Duration) ([]RelayStatus, error) {
 	q := `SELECT relay_name, outbox_table, flavor, gtid_set, binlog_file, binlog_pos, mode, mode_reason, status, epoch,
-		leader_instance, leader_since, TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, UTC_TIMESTAMP(6)),
+		leader_instance, leader_since, TIMESTAMPDIFF(MICROSECOND, leader_heartbeat, UTC_TIMESTAMP(6)), leader_lease_ms,
 		error_count, last_error, last_event_at, updated_at,
 		paused_at, TIMESTAMPDIFF(MICROSECOND, paused_at, UTC_TIMESTAMP(6)), paused_epoch,
 		failed_at, TIMESTAMPDIFF(MICROSECOND, failed_at, UTC_TIMESTAMP(6)),
@@ -121,10 +136,10 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 			since, lastEvent, updated, pausedAt, failedAt sql.NullString
 			broker, stalledAt, table                      sql.NullString
 			pos, hbAge, pausedAge, pausedEpoch, failedAge sql.NullInt64
-			stalledAge                                    sql.NullInt64
+			stalledAge, leaseMS                           sql.NullInt64
 		)
 		if err := rows.Scan(&s.RelayName, &table, &flavor, &gtid, &file, &pos, &s.Mode, &reason, &s.Status, &s.Epoch,
-			&leader, &since, &hbAge, &s.ErrorCount, &lastError, &lastEvent, &updated,
+			&leader, &since, &hbAge, &leaseMS, &s.ErrorCount, &lastError, &lastEvent, &updated,
 			&pausedAt, &pausedAge, &pausedEpoch, &failedAt, &failedAge, &broker, &stalledAt, &stalledAge); err != nil {
 			return nil, fmt.Errorf("read progress rows: %w", err)
 		}
@@ -147,7 +162,7 @@ func ReadStatus(ctx context.Context, db *sql.DB, relayName string, lease time.Du
 		if leader.Valid {
 			age := float64(hbAge.Int64) / 1e6
 			s.Leader = &LeaderState{Instance: leader.String, Since: parseTime(since), HeartbeatAgeSeconds: age,
-				Alive: hbAge.Valid && age <= lease.Seconds()}
+				Alive: hbAge.Valid && age <= lease.Seconds(), Lease: time.Duration(leaseMS.Int64) * time.Millisecond}
 		}
 		list = append(list, s)
 	}

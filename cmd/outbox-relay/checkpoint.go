@@ -194,7 +194,9 @@ func mayChange(cur operator.RelayStatus, force bool) error {
 
 // copyCheckpoint is `checkpoint set --from-relay`: it copies the
 // checkpoint and mode of relay from (stopped, on --table) to --relay-name's
-// row, creating that row when the name never ran.
+// row, creating that row when the name never ran. Whether from still leads
+// is judged by the lease its leader recorded, not --leader-lease: the old
+// deployment may run with another lease than this command is given.
 func copyCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFlags, from string, force bool) error {
 	src, err := operator.ReadStatus(ctx, db, from, r.lease)
 	if err != nil {
@@ -202,7 +204,7 @@ func copyCheckpoint(ctx context.Context, db *sql.DB, inv *invocation, r *readFla
 	}
 	old := src[0]
 	switch {
-	case old.Live() && !force:
+	case old.LiveByOwnLease() && !force:
 		return usagef("checkpoint set: relay %q still leads (%s, heartbeat %.1fs ago): stop every instance of it first (its checkpoint moves while it delivers, and the relay name taking over is refused while it leads the table), or give --force",
 			old.RelayName, old.Leader.Instance, old.Leader.HeartbeatAgeSeconds)
 	case old.Table != "" && old.Table != r.table:

@@ -251,7 +251,9 @@ func waitDelivered(ctx context.Context, t *testing.T, v *validator.Validator) {
 }
 
 // checkpoint set --from-relay refuses, with exit 2: a relay name that is
-// still leading, one that publishes another table, the name itself.
+// still leading (also one whose heartbeat is older than this command's
+// --leader-lease but within the lease its leader recorded), one that
+// publishes another table, the name itself.
 func TestCheckpointFromRelayRefusals(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	db := testenv.MySQL(t).Migrate(ctx, t)
@@ -261,10 +263,16 @@ func TestCheckpointFromRelayRefusals(t *testing.T) {
 		('elsewhere', 'orders_outbox', 1, NULL, NULL, NULL)`); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := db.SQL.ExecContext(ctx, `INSERT INTO outbox_relay_progress (relay_name, outbox_table, epoch,
+		leader_instance, leader_since, leader_heartbeat, leader_lease_ms) VALUES
+		('long-lease', 'outbox', 1, 'h:2', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 30 SECOND, 60000)`); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		from, want string
 	}{
 		{"live", `relay "live" still leads (h:1`},
+		{"long-lease", `relay "long-lease" still leads (h:2`},
 		{"elsewhere", `relay "elsewhere" publishes outbox table "orders_outbox", not --table "outbox"`},
 		{"new", `--from-relay "new" is --relay-name itself`},
 		{"nobody", "no relay has run with this --relay-name yet"},

@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS outbox_relay_progress (
     leader_since     DATETIME(6)     NULL,
     leader_heartbeat DATETIME(6)     NULL,
     leader_lease_ms  BIGINT UNSIGNED NULL,
+    leader_conn_id   BIGINT UNSIGNED NULL,
     error_count      INT UNSIGNED    NOT NULL DEFAULT 0,
     last_error       VARCHAR(1024)   NULL,
     last_event_at    DATETIME(6)     NULL,
