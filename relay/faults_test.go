@@ -109,6 +109,9 @@ func TestRelayIdleSendsNoOutboxQuery(t *testing.T) {
 	}
 	defer rows.Close()
 	touchesOutbox := regexp.MustCompile("(?i)`?\\boutbox\\b`?($|[^_])")
+	// String literals (lock names such as 'outbox-relay-table:…') name no
+	// table: they are blanked before the match.
+	literal := regexp.MustCompile(`'(?:[^'\\]|\\.)*'`)
 	queries := 0
 	for rows.Next() {
 		var kind, arg string
@@ -117,7 +120,7 @@ func TestRelayIdleSendsNoOutboxQuery(t *testing.T) {
 		}
 		if kind == "Query" || kind == "Execute" || kind == "Prepare" {
 			queries++
-			if touchesOutbox.MatchString(arg) {
+			if touchesOutbox.MatchString(literal.ReplaceAllString(arg, "''")) {
 				t.Errorf("idle relay touched the outbox table: %s", arg)
 			}
 		}
