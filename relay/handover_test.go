@@ -51,8 +51,11 @@ func TestHandoverUnderConcurrentProducers(t *testing.T) {
 				return
 			default:
 			}
+			// Paced (at most about 300 messages a second): unpaced
+			// producers outran the relay on a busy machine, and each
+			// catch-up below then took minutes.
 			err := testload.Run(ctx, db.SQL, v, testload.Load{Producers: 8, Partitions: 40, Total: 400,
-				BigTxn: 4, BigShare: 0.3, Exchange: b.Exchange})
+				BigTxn: 4, BigShare: 0.3, Exchange: b.Exchange, Pace: 50 * time.Millisecond})
 			if err != nil {
 				loadDone <- err
 				return
