@@ -22,14 +22,17 @@ type suspect struct {
 }
 
 // blameConnCode reports whether a connection.close the broker sent with
-// code can be the fault of one message: a frame it could not take (a
-// content-header frame over frame_max), a malformed or unexpected frame, or
-// an internal error in handling one. Forced closes (320: an operator, a
-// node stopping) and refusals of the user or vhost are never a message's.
+// code can be the fault of one message's own frames. RabbitMQ's reader
+// (rabbit_reader) closes with 501 FRAME_ERROR over a frame past frame_max
+// or with a bad end marker, 505 UNEXPECTED_FRAME over a frame out of
+// place, and 502 SYNTAX_ERROR over one it cannot parse. Every other code
+// is the broker's or the session's: 541 INTERNAL_ERROR comes from any
+// channel process that crashed (a queue or metadata timeout while a node
+// fails), 320 from an operator or a node stopping, 530 and 403 from a
+// refusal of the user or vhost; counting them would fail good messages.
 func blameConnCode(code int) bool {
 	switch code {
-	case amqp.FrameError, amqp.SyntaxError, amqp.CommandInvalid, amqp.UnexpectedFrame,
-		amqp.ResourceError, amqp.NotImplemented, amqp.InternalError:
+	case amqp.FrameError, amqp.SyntaxError, amqp.UnexpectedFrame:
 		return true
 	}
 	return false
@@ -69,7 +72,9 @@ func (p *Publisher) collectSuspects(conn *amqp.Connection, cerr *amqp.Error) {
 
 // blame counts one connection the broker closed with cerr while s alone
 // was on the wire, and resolves s Returned once that happened MaxAttempts
-// times; it reports whether s is resolved (by this or earlier).
+// times and NackGiveUp has passed since the first time (as for nacks: a
+// broker in trouble for a few seconds must not fail a good message); it
+// reports whether s is resolved (by this or earlier).
 func (p *Publisher) blame(s suspect, cerr *amqp.Error) bool {
 	s.c.mu.Lock()
 	if s.e.resolved {
@@ -77,13 +82,17 @@ func (p *Publisher) blame(s suspect, cerr *amqp.Error) bool {
 		return true
 	}
 	s.e.closures++
-	n := s.e.closures
+	if s.e.closures == 1 {
+		s.e.firstClosure = time.Now()
+	}
+	n, since := s.e.closures, time.Since(s.e.firstClosure)
 	s.c.mu.Unlock()
-	if n < p.cfg.MaxAttempts {
+	if n < p.cfg.MaxAttempts || since < p.cfg.NackGiveUp {
 		return false
 	}
 	m := &s.e.msg
-	reason := fmt.Sprintf("the broker closed the connection %d times while this message alone was on the wire: %d %s", n, cerr.Code, cerr.Reason)
+	reason := fmt.Sprintf("the broker closed the connection %d times over %v while this message alone was on the wire: %d %s",
+		n, since.Round(time.Millisecond), cerr.Code, cerr.Reason)
 	p.log.Warn("a message closed the AMQP connection every time it was published; reporting it as returned",
 		zap.String("message_id", m.Publishing.MessageId), zap.String("exchange", m.Exchange),
 		zap.String("routing_key", m.RoutingKey), zap.Int("closures", n), zap.Error(cerr))

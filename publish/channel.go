@@ -91,16 +91,18 @@ type entry struct {
 	nackBackoff backoff.Counter
 	retry       *time.Timer
 	tag         uint64 // delivery tag in the current session; 0 when not outstanding
-	// sentOn is the connection it was last sent on (blame.go); closures
-	// counts the connections the broker closed while it alone was on the
-	// wire.
-	sentOn   *amqp.Connection
-	closures int
-	dc       *amqp.DeferredConfirmation
-	suspect  bool // unconfirmed when the broker closed the channel over one of several (probe mode)
-	resolved bool
-	res      Result
-	span     trace.Span // the publish span; nil when tracing is off
+	// sentOn is the connection it is on the wire on (blame.go), nil once
+	// a confirmation took it off; closures counts the connections the
+	// broker closed while it alone was on the wire, the first at
+	// firstClosure.
+	sentOn       *amqp.Connection
+	closures     int
+	firstClosure time.Time
+	dc           *amqp.DeferredConfirmation
+	suspect      bool // unconfirmed when the broker closed the channel over one of several (probe mode)
+	resolved     bool
+	res          Result
+	span         trace.Span // the publish span; nil when tracing is off
 }
 
 // NewChannel opens a Channel. onResult receives every message's Result.

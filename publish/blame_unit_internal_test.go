@@ -1,0 +1,88 @@
+package publish
+
+import (
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+)
+
+// unitPublisher is a Publisher with no connection, for the logic of
+// blame.go on fakes; unitChannel is one of its Channels with no goroutine.
+func unitPublisher(t *testing.T, cfg Config) *Publisher {
+	t.Helper()
+	cfg.URL = "amqp://guest:guest@127.0.0.1:1/"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return &Publisher{cfg: cfg, log: zap.NewNop(), changed: make(chan struct{}), channels: map[*Channel]struct{}{}}
+}
+
+func unitChannel(p *Publisher) *Channel {
+	c := &Channel{
+		p: p, onResult: func(Result) {}, window: p.cfg.ConfirmWindow, maxBytes: p.cfg.MaxHeldBytes,
+		log: zap.NewNop(), keys: map[string][]*entry{}, changed: make(chan struct{}),
+		kick: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	p.channels[c] = struct{}{}
+	return c
+}
+
+// unitEntry queues a message of key on c as its key's head, sent on conn
+// with delivery tag 1 of s.
+func unitEntry(c *Channel, s *session, conn *amqp.Connection, key string) *entry {
+	c.nextSeq++
+	e := &entry{seq: c.nextSeq, msg: Message{Key: key, Tag: c.nextSeq}, size: 1, head: true}
+	c.queue = append(c.queue, e)
+	c.keys[key] = append(c.keys[key], e)
+	c.heads++
+	c.held++
+	if s != nil {
+		s.nextTag++
+		e.tag = s.nextTag
+		s.byTag[e.tag] = e
+	}
+	e.sentOn = conn
+	return e
+}
+
+// Only the closes a message's own frames can cause count against it:
+// RabbitMQ's reader answers a frame over frame_max or with a bad end
+// marker with 501, a malformed one with 502 and a frame out of place with
+// 505. A channel process that crashed (541: a queue or metadata timeout in
+// a node failure), a forced close (320) and the others are the broker's.
+func TestUnitBlameConnCodeOnlyFrameFaults(t *testing.T) {
+	for code, want := range map[int]bool{
+		amqp.FrameError: true, amqp.SyntaxError: true, amqp.UnexpectedFrame: true,
+		amqp.InternalError: false, amqp.ResourceError: false, amqp.NotImplemented: false,
+		amqp.CommandInvalid: false, amqp.ConnectionForced: false, amqp.NotAllowed: false,
+		amqp.AccessRefused: false, amqp.ChannelError: false,
+	} {
+		if got := blameConnCode(code); got != want {
+			t.Errorf("blameConnCode(%d) = %v, want %v", code, got, want)
+		}
+	}
+}
+
+// A message alone on the wire at MaxAttempts closures is not failed before
+// NackGiveUp has passed since the first of them: a broker in trouble for
+// a few seconds must not fail a good message.
+func TestUnitBlameWaitsNackGiveUpFromFirstClosure(t *testing.T) {
+	p := unitPublisher(t, Config{MaxAttempts: 2, NackGiveUp: time.Hour})
+	c := unitChannel(p)
+	e := unitEntry(c, nil, nil, "k")
+	cerr := &amqp.Error{Code: amqp.FrameError, Reason: "FRAME_ERROR", Server: true}
+	for i := 0; i < 5; i++ {
+		if p.blame(suspect{c, e}, cerr) {
+			t.Fatalf("resolved after %d closures within NackGiveUp", i+1)
+		}
+	}
+	if e.resolved {
+		t.Fatal("resolved within NackGiveUp")
+	}
+	e.firstClosure = e.firstClosure.Add(-time.Hour)
+	if !p.blame(suspect{c, e}, cerr) || !e.resolved || e.res.Outcome != Returned || e.res.Code != amqp.FrameError {
+		t.Fatalf("after NackGiveUp: resolved %v %+v, want returned 501", e.resolved, e.res)
+	}
+}
