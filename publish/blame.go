@@ -39,10 +39,13 @@ func blameConnCode(code int) bool {
 }
 
 // collectSuspects records, after the broker closed conn with cerr (a code
-// blameConnCode accepts), the messages that were on the wire on conn: the
-// next connection publishes them one at a time (probe) before the Channels
-// get it. One message alone on the wire is the cause, and this closure
-// counts for it. Supervisor only.
+// blameConnCode accepts), the messages that may have been on the wire on
+// conn: sent there and not taken off by a confirmation, whether handled by
+// their Channel (sentOn) or only read by amqp091 (an acked
+// DeferredConfirmation). The next connection publishes them one at a time
+// (probe) before the Channels get it. When one alone qualifies this closure
+// counts for it (blame), unless its publish call had not returned yet, whose
+// outcome is not known: the probe sends it again then. Supervisor only.
 func (p *Publisher) collectSuspects(conn *amqp.Connection, cerr *amqp.Error) {
 	p.mu.Lock()
 	chans := make([]*Channel, 0, len(p.channels))
@@ -51,22 +54,40 @@ func (p *Publisher) collectSuspects(conn *amqp.Connection, cerr *amqp.Error) {
 	}
 	p.mu.Unlock()
 	var found []suspect
+	unsure := false
 	for _, c := range chans {
 		c.mu.Lock()
 		for _, e := range c.queue {
-			if !e.resolved && e.sentOn == conn {
+			if !e.resolved && e.sentOn == conn && !ackedLocked(e) {
 				found = append(found, suspect{c, e})
+				unsure = unsure || e.dc == nil
 			}
 		}
 		c.mu.Unlock()
 	}
-	if len(found) == 1 && p.blame(found[0], cerr) {
+	if len(found) == 1 && !unsure && p.blame(found[0], cerr) {
 		found = nil
 	}
 	p.suspects = found
 	if len(found) > 1 {
 		p.log.Warn("the broker closed the connection over one of the messages on the wire; they will be published again one at a time to find it",
 			zap.Int("messages", len(found)), zap.Error(cerr))
+	}
+}
+
+// ackedLocked reports whether the broker acked e's last publish on its
+// Channel, which amqp091 has read even if the Channel's goroutine has not
+// handled it yet: such a message is confirmed, never blamed. The caller
+// holds e's Channel's mu.
+func ackedLocked(e *entry) bool {
+	if e.dc == nil {
+		return false
+	}
+	select {
+	case <-e.dc.Done():
+		return e.dc.Acked()
+	default:
+		return false
 	}
 }
 
@@ -80,6 +101,11 @@ func (p *Publisher) blame(s suspect, cerr *amqp.Error) bool {
 	if s.e.resolved {
 		s.c.mu.Unlock()
 		return true
+	}
+	if ackedLocked(s.e) {
+		// Acked on its Channel: its goroutine resolves it Confirmed.
+		s.c.mu.Unlock()
+		return false
 	}
 	s.e.closures++
 	if s.e.closures == 1 {
@@ -239,12 +265,16 @@ func (pc *probeChannel) publish(ctx context.Context, m *Message, conn *amqp.Conn
 	case <-ctx.Done():
 		return probeStopped, nil
 	case cerr := <-connCloses:
-		return probeConnClosed, cerr
-	case <-pc.closes:
-		if conn.IsClosed() {
-			return connClosed()
+		if !ackedBefore(dc) {
+			return probeConnClosed, cerr
 		}
-		return probeCleared, nil
+	case <-pc.closes:
+		if !ackedBefore(dc) {
+			if conn.IsClosed() {
+				return connClosed()
+			}
+			return probeCleared, nil
+		}
 	case <-dc.Done():
 	}
 	if !dc.Acked() {
@@ -260,5 +290,17 @@ func (pc *probeChannel) publish(ctx context.Context, m *Message, conn *amqp.Conn
 		return probeReturned, nil
 	default:
 		return probeConfirmed, nil
+	}
+}
+
+// ackedBefore reports whether dc was acked: select picks at random among
+// ready cases, so an ack that arrived just before a close may be seen
+// second. A close settles an unconfirmed publish as a nack, never an ack.
+func ackedBefore(dc *amqp.DeferredConfirmation) bool {
+	select {
+	case <-dc.Done():
+		return dc.Acked()
+	default:
+		return false
 	}
 }

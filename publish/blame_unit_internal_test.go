@@ -86,3 +86,72 @@ func TestUnitBlameWaitsNackGiveUpFromFirstClosure(t *testing.T) {
 		t.Fatalf("after NackGiveUp: resolved %v %+v, want returned 501", e.resolved, e.res)
 	}
 }
+
+func unitSession(conn *amqp.Connection) *session {
+	return &session{conn: conn, byTag: map[uint64]*entry{}, returned: map[returnKey]int{}}
+}
+
+// A message nacked a second time waits off the wire for its retry: a
+// connection closed meanwhile is not counted against it, even alone.
+func TestUnitNackedMessageOffTheWireIsNoSuspect(t *testing.T) {
+	p := unitPublisher(t, Config{NackGiveUp: time.Hour})
+	c := unitChannel(p)
+	conn := &amqp.Connection{}
+	s := unitSession(conn)
+	e := unitEntry(c, s, conn, "k")
+	e.attempts = 1 // the second nack waits in retryLater instead of a send
+	e.firstNack = time.Now()
+	c.confirm(s, amqp.Confirmation{DeliveryTag: e.tag, Ack: false})
+	c.mu.Lock()
+	if e.retry != nil {
+		e.retry.Stop()
+	}
+	c.mu.Unlock()
+	p.collectSuspects(conn, &amqp.Error{Code: amqp.FrameError, Reason: "FRAME_ERROR", Server: true})
+	if e.closures != 0 || e.resolved || len(p.suspects) != 0 {
+		t.Fatalf("a nacked message off the wire: %d closures, resolved %v (%+v), %d suspects; want none",
+			e.closures, e.resolved, e.res, len(p.suspects))
+	}
+}
+
+// The broker's ack wins over the Publisher's verdict while the Result is
+// not delivered yet, and a message gets its Result once: an ack the
+// Channel's goroutine handles after the probe resolved the message does
+// not resolve it again.
+func TestUnitAckWinsOverPublisherVerdict(t *testing.T) {
+	p := unitPublisher(t, Config{})
+	c := unitChannel(p)
+	conn := &amqp.Connection{}
+	s := unitSession(conn)
+	e := unitEntry(c, s, conn, "k")
+	next := unitEntry(c, nil, nil, "k") // parked behind e
+	c.resolveFromPublisher(e, Returned, amqp.FrameError, "closed the connection")
+	heads := c.heads
+	var got []Result
+	c.onResult = func(r Result) { got = append(got, r) }
+	c.confirm(s, amqp.Confirmation{DeliveryTag: e.tag, Ack: true})
+	if len(got) != 1 || got[0].Outcome != Confirmed || got[0].Tag != e.msg.Tag {
+		t.Fatalf("results %+v, want one: confirmed", got)
+	}
+	if c.heads != heads || !next.head || len(c.keys["k"]) != 1 {
+		t.Fatalf("resolved twice: heads %d (was %d), next head %v, key list %d", c.heads, heads, next.head, len(c.keys["k"]))
+	}
+}
+
+// A message the probe saw confirmed keeps that Result when the Channel's
+// goroutine then handles a nack of its earlier publish: it is neither
+// published again nor resolved a second time.
+func TestUnitPublisherConfirmStandsOverLateNack(t *testing.T) {
+	p := unitPublisher(t, Config{})
+	c := unitChannel(p)
+	conn := &amqp.Connection{}
+	s := unitSession(conn) // no AMQP channel: a send would panic
+	e := unitEntry(c, s, conn, "k")
+	c.resolveFromPublisher(e, Confirmed, 0, "")
+	var got []Result
+	c.onResult = func(r Result) { got = append(got, r) }
+	c.confirm(s, amqp.Confirmation{DeliveryTag: e.tag, Ack: false})
+	if len(got) != 1 || got[0].Outcome != Confirmed || e.attempts != 0 {
+		t.Fatalf("results %+v, attempts %d; want one: confirmed, no attempt counted", got, e.attempts)
+	}
+}
