@@ -150,16 +150,39 @@ const (
 	probeCleared                 // nacked, or its channel closed: not the culprit; its Channel publishes it again
 	probeConnClosed              // the connection closed meanwhile
 	probeStopped                 // the Publisher is closing
+	probeTimedOut                // no confirm within NackGiveUp: the broker is not confirming
 )
+
+// connEvents are a connection's notifications, registered as soon as it is
+// dialled so that the probe and watch miss none.
+type connEvents struct {
+	closes chan *amqp.Error
+	// blocks: amqp091 gives up on a listener that does not take a
+	// notification within 5s; the supervisor always takes them at once.
+	blocks chan amqp.Blocking
+}
+
+func notifyConn(conn *amqp.Connection) connEvents {
+	return connEvents{
+		closes: conn.NotifyClose(make(chan *amqp.Error, 1)),
+		blocks: conn.NotifyBlocked(make(chan amqp.Blocking, 8)),
+	}
+}
 
 // probe publishes the suspects on conn one at a time, each waiting for its
 // outcome, before conn is handed to the Channels: a confirmed or returned
 // message is resolved so, a nacked one is left to its Channel, and one that
-// makes the broker close conn is blamed (blame). It returns true once no
+// makes the broker close conn is blamed (blame). A suspect without a
+// confirm within NackGiveUp ends the search: the broker is not confirming
+// (a quorum queue without a majority), so the suspects go back to their
+// Channels with conn and no key waits longer. It returns true once no
 // suspect is left, false when conn was lost or p.ctx ended (conn is then
-// closed). Supervisor only.
-func (p *Publisher) probe(conn *amqp.Connection) bool {
-	connCloses := conn.NotifyClose(make(chan *amqp.Error, 1))
+// closed). Meanwhile Connected and Node tell conn, ConfirmWait the wait for
+// the probe's confirm, and p.ctx ending closes conn. Supervisor only.
+func (p *Publisher) probe(conn *amqp.Connection, node string, ev connEvents) bool {
+	stop := context.AfterFunc(p.ctx, func() { p.closeAfterProbe(conn) })
+	defer stop()
+	p.setProbe(conn, node)
 	var pc *probeChannel
 	defer func() {
 		if pc != nil {
@@ -184,12 +207,8 @@ func (p *Publisher) probe(conn *amqp.Connection) bool {
 				return false
 			}
 		}
-		out, cerr := pc.publish(p.ctx, &s.e.msg, conn, connCloses)
+		out, cerr := p.probeOne(pc, s, conn, ev)
 		switch out {
-		case probeConfirmed:
-			s.c.resolveFromPublisher(s.e, Confirmed, 0, "")
-		case probeReturned:
-			s.c.resolveFromPublisher(s.e, Returned, amqp.NoRoute, "312 NO_ROUTE")
 		case probeCleared:
 			if pc.ch.IsClosed() {
 				pc = nil
@@ -204,12 +223,36 @@ func (p *Publisher) probe(conn *amqp.Connection) bool {
 		case probeStopped:
 			p.closeAfterProbe(conn)
 			return false
+		case probeTimedOut:
+			p.log.Warn("the broker did not confirm a message within the nack give-up time while finding the message that closed the connection; "+
+				"handing the connection and the messages back to the Channels",
+				zap.Duration("waited", p.cfg.NackGiveUp), zap.Int("suspects_left", len(p.suspects)))
+			p.suspects = nil
+			return true
 		}
 		p.suspects = p.suspects[1:]
 	}
 	return true
 }
 
+// probeOne publishes s alone on pc and resolves it when the broker
+// confirmed or returned it.
+func (p *Publisher) probeOne(pc *probeChannel, s suspect, conn *amqp.Connection, ev connEvents) (probeOutcome, *amqp.Error) {
+	p.setProbeWait(time.Now())
+	defer p.setProbeWait(time.Time{})
+	out, cerr := pc.publish(p, &s.e.msg, conn, ev)
+	switch out {
+	case probeConfirmed:
+		s.c.resolveFromPublisher(s.e, Confirmed, 0, "")
+	case probeReturned:
+		s.c.resolveFromPublisher(s.e, Returned, amqp.NoRoute, "312 NO_ROUTE")
+	}
+	return out, cerr
+}
+
+// closeAfterProbe closes conn, which the probe does not hand to the
+// Channels (p.ctx ended, or no probe channel could be opened), bounded: a
+// broker that blocks us may not answer close-ok.
 func (p *Publisher) closeAfterProbe(conn *amqp.Connection) {
 	if !conn.IsClosed() {
 		_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
@@ -246,13 +289,14 @@ func (pc *probeChannel) close() {
 	}
 }
 
-// publish sends m alone and waits for its outcome; for probeConnClosed it
-// also returns the connection's close error (nil when closed by the client).
-func (pc *probeChannel) publish(ctx context.Context, m *Message, conn *amqp.Connection, connCloses <-chan *amqp.Error) (probeOutcome, *amqp.Error) {
+// publish sends m alone and waits for its outcome, at most p's NackGiveUp,
+// recording connection.blocked meanwhile; for probeConnClosed it also
+// returns the connection's close error (nil when closed by the client).
+func (pc *probeChannel) publish(p *Publisher, m *Message, conn *amqp.Connection, ev connEvents) (probeOutcome, *amqp.Error) {
 	connClosed := func() (probeOutcome, *amqp.Error) {
 		// amqp091 notifies the connection's close before it closes the
-		// channels, so the error is there.
-		return probeConnClosed, <-connCloses
+		// channels, so the error is there (nil once taken).
+		return probeConnClosed, <-ev.closes
 	}
 	dc, err := pc.ch.PublishWithDeferredConfirm(m.Exchange, m.RoutingKey, true, false, m.Publishing)
 	if err != nil {
@@ -261,21 +305,36 @@ func (pc *probeChannel) publish(ctx context.Context, m *Message, conn *amqp.Conn
 		}
 		return probeCleared, nil
 	}
-	select {
-	case <-ctx.Done():
-		return probeStopped, nil
-	case cerr := <-connCloses:
-		if !ackedBefore(dc) {
-			return probeConnClosed, cerr
-		}
-	case <-pc.closes:
-		if !ackedBefore(dc) {
-			if conn.IsClosed() {
-				return connClosed()
+	timeout := time.NewTimer(p.cfg.NackGiveUp)
+	defer timeout.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-p.ctx.Done():
+			return probeStopped, nil
+		case <-timeout.C:
+			return probeTimedOut, nil
+		case b, ok := <-ev.blocks:
+			if !ok {
+				ev.blocks = nil
+			} else {
+				p.noteBlocked(b)
 			}
-			return probeCleared, nil
+		case cerr := <-ev.closes:
+			if !ackedBefore(dc) {
+				return probeConnClosed, cerr
+			}
+			waiting = false
+		case <-pc.closes:
+			if !ackedBefore(dc) {
+				if conn.IsClosed() {
+					return connClosed()
+				}
+				return probeCleared, nil
+			}
+			waiting = false
+		case <-dc.Done():
+			waiting = false
 		}
-	case <-dc.Done():
 	}
 	if !dc.Acked() {
 		// A channel or connection that closes settles the publish as a
