@@ -199,6 +199,12 @@ func (p *Publisher) probe(conn *amqp.Connection, node string, ev connEvents) boo
 			p.suspects = p.suspects[1:]
 			continue
 		}
+		if reason := sizeRefusal(conn, s.e.headerSize, &Message{}, 0); reason != "" && !p.noSizeCheck {
+			// Over this connection's frame_max: not sent (Publish, sendLocked).
+			s.c.resolveFromPublisher(s.e, Returned, amqp.ContentTooLarge, reason)
+			p.suspects = p.suspects[1:]
+			continue
+		}
 		if pc == nil {
 			var err error
 			if pc, err = openProbeChannel(conn); err != nil {

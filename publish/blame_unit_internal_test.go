@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -153,5 +154,36 @@ func TestUnitPublisherConfirmStandsOverLateNack(t *testing.T) {
 	c.confirm(s, amqp.Confirmation{DeliveryTag: e.tag, Ack: false})
 	if len(got) != 1 || got[0].Outcome != Confirmed || e.attempts != 0 {
 		t.Fatalf("results %+v, attempts %d; want one: confirmed, no attempt counted", got, e.attempts)
+	}
+}
+
+// A message republished after a reconnect is checked against the new
+// connection's frame_max (a node with a smaller one): over it, it is
+// resolved Returned 311 unsent, and its key's next message takes its turn
+// (here over the limit as well, so nothing is sent on the fake session).
+func TestUnitRepublishChecksFrameMax(t *testing.T) {
+	p := unitPublisher(t, Config{})
+	c := unitChannel(p)
+	conn := &amqp.Connection{Config: amqp.Config{FrameSize: 4096}}
+	s := unitSession(conn) // no AMQP channel: a send would panic
+	c.sess = s
+	e := unitEntry(c, nil, nil, "k")
+	next := unitEntry(c, nil, nil, "k")
+	next.head = false
+	c.heads--
+	e.headerSize, next.headerSize = 5000, 4097
+	c.pubMu.Lock()
+	sent := c.sendLocked(s, e)
+	c.pubMu.Unlock()
+	if !sent {
+		t.Fatal("the session was reported dead")
+	}
+	for i, x := range []*entry{e, next} {
+		if !x.resolved || x.res.Outcome != Returned || x.res.Code != amqp.ContentTooLarge || !strings.Contains(x.res.Reason, "frame_max of 4096") {
+			t.Errorf("message %d: resolved %v %+v, want returned 311 over frame_max of 4096", i, x.resolved, x.res)
+		}
+	}
+	if c.heads != 0 || len(s.byTag) != 0 {
+		t.Errorf("heads %d, %d on the wire; want 0, 0", c.heads, len(s.byTag))
 	}
 }

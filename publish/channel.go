@@ -79,11 +79,14 @@ type Channel struct {
 
 // entry is one accepted message.
 type entry struct {
-	seq      uint64
-	msg      Message
-	size     int64 // what it counts in held
-	head     bool  // it counts in heads: a key head or without a key, unresolved
-	attempts int   // publishes the broker nacked
+	seq  uint64
+	msg  Message
+	size int64 // what it counts in held
+	// headerSize is HeaderFrameSize of msg, checked against the frame_max
+	// of every connection it is sent on (sendLocked).
+	headerSize int
+	head       bool // it counts in heads: a key head or without a key, unresolved
+	attempts   int  // publishes the broker nacked
 	// firstNack is when the broker first nacked it; retry, while set, is
 	// the timer that publishes it again after a nack (nackBackoff), which
 	// a send for another reason (a new session) makes moot.
@@ -198,7 +201,7 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 		c.pubMu.Lock()
 	}
 	c.nextSeq++
-	e := &entry{seq: c.nextSeq, msg: m, size: messageSize(&m)}
+	e := &entry{seq: c.nextSeq, msg: m, size: messageSize(&m), headerSize: headerSize}
 	c.held += e.size
 	if c.tracer != nil {
 		e.span = c.startSpan(&e.msg)
@@ -263,9 +266,17 @@ func messageSize(m *Message) int64 {
 
 // sendLocked publishes e on sess. The caller holds pubMu (not mu) and has
 // checked that e may go on the wire (its key's head). It reports whether
-// the send went out; on failure the session is dead.
+// the send went out; on failure the session is dead. A message over the
+// frame_max of sess's connection (a reconnect to a node with a smaller
+// one) is resolved Returned instead, and what would follow its confirm
+// is sent (tooLargeLocked).
 func (c *Channel) sendLocked(sess *session, e *entry) bool {
 	c.mu.Lock()
+	if reason := c.frameRefusal(sess, e); reason != "" {
+		next := c.resolveLocked(e, Returned, amqp.ContentTooLarge, reason)
+		c.mu.Unlock()
+		return c.tooLargeLocked(sess, next)
+	}
 	sess.nextTag++
 	tag := sess.nextTag
 	e.tag = tag
@@ -309,6 +320,48 @@ func (c *Channel) sendLocked(sess *session, e *entry) bool {
 	c.mu.Unlock()
 	c.log.Debug("publish failed, will republish on a new channel", zap.Error(err))
 	return false
+}
+
+// frameRefusal says why e cannot go on sess's connection: its
+// content-header frame is over the connection's frame_max; "" when it can.
+func (c *Channel) frameRefusal(sess *session, e *entry) string {
+	if c.p.noSizeCheck || sess.conn == nil {
+		return ""
+	}
+	return sizeRefusal(sess.conn, e.headerSize, &Message{}, 0)
+}
+
+// tooLargeLocked goes on after sendLocked resolved a message without
+// sending it: it delivers the Result, and sends what its confirm would
+// have led to (the next suspect in probe mode, else its key's next
+// message next). The caller holds pubMu.
+func (c *Channel) tooLargeLocked(sess *session, next *entry) bool {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	c.mu.Lock()
+	if c.sess != sess {
+		c.mu.Unlock()
+		return true
+	}
+	if c.probe {
+		if first := c.firstSuspectLocked(); first != nil {
+			c.mu.Unlock()
+			return c.sendLocked(sess, first)
+		}
+		c.endProbeLocked()
+		pending := c.unsentLocked()
+		c.mu.Unlock()
+		c.sendAllLocked(sess, pending)
+		return true
+	}
+	ok := next != nil && !next.resolved && next.tag == 0 && c.headLocked(next)
+	c.mu.Unlock()
+	if ok {
+		return c.sendLocked(sess, next)
+	}
+	return true
 }
 
 // Flush waits until every message whose Publish returned before Flush was
