@@ -163,30 +163,45 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 		return err
 	}
 	headerSize := HeaderFrameSize(&m.Publishing)
-	var tooLarge string // why m cannot go on the current connection; "" when it can
+	tooLarge, err := c.awaitRoom(ctx, &m, missing == nil, headerSize)
+	if err != nil {
+		return err
+	}
+	e, send := c.enqueueLocked(m, headerSize, missing, tooLarge)
+	sess := c.sess
+	c.mu.Unlock()
+	// A failed send leaves e queued without a tag: the session is gone and
+	// the next one republishes it.
+	if send {
+		c.sendLocked(sess, e)
+	}
+	c.pubMu.Unlock()
+	return nil
+}
+
+// awaitRoom waits until the Channel takes m (see Publish) and returns with
+// pubMu and mu held, and why m cannot go on the current connection
+// (tooLarge, "" when it can); toWire says m's exchange exists. On an error
+// it holds neither.
+func (c *Channel) awaitRoom(ctx context.Context, m *Message, toWire bool, headerSize int) (tooLarge string, err error) {
 	c.pubMu.Lock()
 	for {
 		c.mu.Lock()
-		if c.closed {
-			c.mu.Unlock()
-			c.pubMu.Unlock()
-			return ErrClosed
-		}
 		_, blocked, finished, pchanged := c.p.state()
-		if finished {
+		if c.closed || finished {
 			c.mu.Unlock()
 			c.pubMu.Unlock()
-			return ErrClosed
+			return "", ErrClosed
 		}
 		if c.ready && !blocked {
 			// The limits of the connection the message would go on: a
 			// message over them would close the channel or the whole
 			// connection, and come back after every reconnect.
 			if !c.p.noSizeCheck {
-				tooLarge = sizeRefusal(c.sess.conn, headerSize, &m, c.p.cfg.MaxMessageSize)
+				tooLarge = sizeRefusal(c.sess.conn, headerSize, m, c.p.cfg.MaxMessageSize)
 			}
-			if c.roomLocked(&m, missing == nil && tooLarge == "") {
-				break
+			if c.roomLocked(m, toWire && tooLarge == "") {
+				return tooLarge, nil
 			}
 		}
 		changed := c.changed
@@ -194,20 +209,25 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 		c.pubMu.Unlock()
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return "", ctx.Err()
 		case <-changed:
 		case <-pchanged:
 		}
 		c.pubMu.Lock()
 	}
+}
+
+// enqueueLocked accepts m: it resolves it at once when its exchange is
+// missing or it is too large, else queues it behind its key, and reports
+// whether it goes on the wire now (send). The caller holds pubMu and mu.
+func (c *Channel) enqueueLocked(m Message, headerSize int, missing *amqp.Error, tooLarge string) (e *entry, send bool) {
 	c.nextSeq++
-	e := &entry{seq: c.nextSeq, msg: m, size: messageSize(&m), headerSize: headerSize}
+	e = &entry{seq: c.nextSeq, msg: m, size: messageSize(&m), headerSize: headerSize}
 	c.held += e.size
 	if c.tracer != nil {
 		e.span = c.startSpan(&e.msg)
 	}
 	c.queue = append(c.queue, e)
-	send := false
 	switch {
 	case missing != nil || tooLarge != "":
 		// Never sent: it would close the channel (or, too large, the
@@ -232,15 +252,7 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 		e.head = true
 		c.heads++
 	}
-	sess := c.sess
-	c.mu.Unlock()
-	// A failed send leaves e queued without a tag: the session is gone and
-	// the next one republishes it.
-	if send {
-		c.sendLocked(sess, e)
-	}
-	c.pubMu.Unlock()
-	return nil
+	return e, send
 }
 
 // roomLocked reports whether the Channel takes m now: a message that would
