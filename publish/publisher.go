@@ -225,6 +225,14 @@ func (p *Publisher) watch(conn *amqp.Connection, node string, ev connEvents) (lo
 			if !conn.IsClosed() {
 				_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
 			}
+			// Known limit: after a frame error RabbitMQ sends
+			// connection.close, stops reading for 3 s, then drops the
+			// socket. A Channel blocked writing to it (holding amqp091's
+			// send lock) can make amqp091 shut down with its own error
+			// (Server false, 501 from the failed write) before it reads the
+			// broker's close: that closure counts for no message, and the
+			// backoff starts over. Blaming such a write error would fail
+			// good messages on any network fault, so it is left uncounted.
 			blamed = err != nil && err.Server && blameConnCode(err.Code)
 			if blamed {
 				p.collectSuspects(conn, err)
