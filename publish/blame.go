@@ -153,6 +153,11 @@ const (
 	probeTimedOut                // no confirm within NackGiveUp: the broker is not confirming
 )
 
+// minProbeWait is the least time the probe waits for a suspect's confirm
+// (NackGiveUp when longer): a confirm takes milliseconds from a healthy
+// broker, and a NackGiveUp set very short must not end every probe.
+const minProbeWait = 5 * time.Second
+
 // connEvents are a connection's notifications, registered as soon as it is
 // dialled so that the probe and watch miss none.
 type connEvents struct {
@@ -173,7 +178,7 @@ func notifyConn(conn *amqp.Connection) connEvents {
 // outcome, before conn is handed to the Channels: a confirmed or returned
 // message is resolved so, a nacked one is left to its Channel, and one that
 // makes the broker close conn is blamed (blame). A suspect without a
-// confirm within NackGiveUp ends the search: the broker is not confirming
+// confirm within NackGiveUp (minProbeWait at least) ends the search: the broker is not confirming
 // (a quorum queue without a majority), so the suspects go back to their
 // Channels with conn and no key waits longer. It returns true once no
 // suspect is left, false when conn was lost or p.ctx ended (conn is then
@@ -295,7 +300,8 @@ func (pc *probeChannel) close() {
 	}
 }
 
-// publish sends m alone and waits for its outcome, at most p's NackGiveUp,
+// publish sends m alone and waits for its outcome, at most p's NackGiveUp
+// (minProbeWait at least),
 // recording connection.blocked meanwhile; for probeConnClosed it also
 // returns the connection's close error (nil when closed by the client).
 func (pc *probeChannel) publish(p *Publisher, m *Message, conn *amqp.Connection, ev connEvents) (probeOutcome, *amqp.Error) {
@@ -311,7 +317,7 @@ func (pc *probeChannel) publish(p *Publisher, m *Message, conn *amqp.Connection,
 		}
 		return probeCleared, nil
 	}
-	timeout := time.NewTimer(p.cfg.NackGiveUp)
+	timeout := time.NewTimer(max(p.cfg.NackGiveUp, minProbeWait))
 	defer timeout.Stop()
 	for waiting := true; waiting; {
 		select {
