@@ -46,7 +46,7 @@ func TestConnectionClosingMessageIsFound(t *testing.T) {
 	var reconnects atomic.Int32
 	ctx := testenv.Context(t, time.Minute)
 	p, err := New(ctx, Config{
-		URL: b.URL, MaxAttempts: maxAttempts, Logger: zap.New(core),
+		URL: b.URL, MaxAttempts: maxAttempts, NackGiveUp: time.Millisecond, Logger: zap.New(core),
 		OnReconnect: func(string) { reconnects.Add(1) },
 	})
 	if err != nil {
@@ -111,8 +111,9 @@ func TestConnectionClosingMessageIsFound(t *testing.T) {
 		r := results[id]
 		switch {
 		case id == culprit:
-			want := fmt.Sprintf("closed the connection %d times while this message alone was on the wire: 501 FRAME_ERROR", maxAttempts)
-			if r.Outcome != Returned || r.Code != 501 || !strings.Contains(r.Reason, want) {
+			want := fmt.Sprintf("closed the connection %d times over ", maxAttempts)
+			if r.Outcome != Returned || r.Code != 501 || !strings.Contains(r.Reason, want) ||
+				!strings.Contains(r.Reason, "while this message alone was on the wire: 501 FRAME_ERROR") {
 				t.Errorf("the message over frame_max: %v %d %q, want returned 501 with %q", r.Outcome, r.Code, r.Reason, want)
 			}
 		case r.Outcome != Confirmed:

@@ -79,11 +79,14 @@ type Channel struct {
 
 // entry is one accepted message.
 type entry struct {
-	seq      uint64
-	msg      Message
-	size     int64 // what it counts in held
-	head     bool  // it counts in heads: a key head or without a key, unresolved
-	attempts int   // publishes the broker nacked
+	seq  uint64
+	msg  Message
+	size int64 // what it counts in held
+	// headerSize is HeaderFrameSize of msg, checked against the frame_max
+	// of every connection it is sent on (sendLocked).
+	headerSize int
+	head       bool // it counts in heads: a key head or without a key, unresolved
+	attempts   int  // publishes the broker nacked
 	// firstNack is when the broker first nacked it; retry, while set, is
 	// the timer that publishes it again after a nack (nackBackoff), which
 	// a send for another reason (a new session) makes moot.
@@ -91,16 +94,18 @@ type entry struct {
 	nackBackoff backoff.Counter
 	retry       *time.Timer
 	tag         uint64 // delivery tag in the current session; 0 when not outstanding
-	// sentOn is the connection it was last sent on (blame.go); closures
-	// counts the connections the broker closed while it alone was on the
-	// wire.
-	sentOn   *amqp.Connection
-	closures int
-	dc       *amqp.DeferredConfirmation
-	suspect  bool // unconfirmed when the broker closed the channel over one of several (probe mode)
-	resolved bool
-	res      Result
-	span     trace.Span // the publish span; nil when tracing is off
+	// sentOn is the connection it is on the wire on (blame.go), nil once
+	// a confirmation took it off; closures counts the connections the
+	// broker closed while it alone was on the wire, the first at
+	// firstClosure.
+	sentOn       *amqp.Connection
+	closures     int
+	firstClosure time.Time
+	dc           *amqp.DeferredConfirmation
+	suspect      bool // unconfirmed when the broker closed the channel over one of several (probe mode)
+	resolved     bool
+	res          Result
+	span         trace.Span // the publish span; nil when tracing is off
 }
 
 // NewChannel opens a Channel. onResult receives every message's Result.
@@ -158,30 +163,45 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 		return err
 	}
 	headerSize := HeaderFrameSize(&m.Publishing)
-	var tooLarge string // why m cannot go on the current connection; "" when it can
+	tooLarge, err := c.awaitRoom(ctx, &m, missing == nil, headerSize)
+	if err != nil {
+		return err
+	}
+	e, send := c.enqueueLocked(m, headerSize, missing, tooLarge)
+	sess := c.sess
+	c.mu.Unlock()
+	// A failed send leaves e queued without a tag: the session is gone and
+	// the next one republishes it.
+	if send {
+		c.sendLocked(sess, e)
+	}
+	c.pubMu.Unlock()
+	return nil
+}
+
+// awaitRoom waits until the Channel takes m (see Publish) and returns with
+// pubMu and mu held, and why m cannot go on the current connection
+// (tooLarge, "" when it can); toWire says m's exchange exists. On an error
+// it holds neither.
+func (c *Channel) awaitRoom(ctx context.Context, m *Message, toWire bool, headerSize int) (tooLarge string, err error) {
 	c.pubMu.Lock()
 	for {
 		c.mu.Lock()
-		if c.closed {
-			c.mu.Unlock()
-			c.pubMu.Unlock()
-			return ErrClosed
-		}
 		_, blocked, finished, pchanged := c.p.state()
-		if finished {
+		if c.closed || finished {
 			c.mu.Unlock()
 			c.pubMu.Unlock()
-			return ErrClosed
+			return "", ErrClosed
 		}
 		if c.ready && !blocked {
 			// The limits of the connection the message would go on: a
 			// message over them would close the channel or the whole
 			// connection, and come back after every reconnect.
 			if !c.p.noSizeCheck {
-				tooLarge = sizeRefusal(c.sess.conn, headerSize, &m, c.p.cfg.MaxMessageSize)
+				tooLarge = sizeRefusal(c.sess.conn, headerSize, m, c.p.cfg.MaxMessageSize)
 			}
-			if c.roomLocked(&m, missing == nil && tooLarge == "") {
-				break
+			if c.roomLocked(m, toWire && tooLarge == "") {
+				return tooLarge, nil
 			}
 		}
 		changed := c.changed
@@ -189,20 +209,25 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 		c.pubMu.Unlock()
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return "", ctx.Err()
 		case <-changed:
 		case <-pchanged:
 		}
 		c.pubMu.Lock()
 	}
+}
+
+// enqueueLocked accepts m: it resolves it at once when its exchange is
+// missing or it is too large, else queues it behind its key, and reports
+// whether it goes on the wire now (send). The caller holds pubMu and mu.
+func (c *Channel) enqueueLocked(m Message, headerSize int, missing *amqp.Error, tooLarge string) (e *entry, send bool) {
 	c.nextSeq++
-	e := &entry{seq: c.nextSeq, msg: m, size: messageSize(&m)}
+	e = &entry{seq: c.nextSeq, msg: m, size: messageSize(&m), headerSize: headerSize}
 	c.held += e.size
 	if c.tracer != nil {
 		e.span = c.startSpan(&e.msg)
 	}
 	c.queue = append(c.queue, e)
-	send := false
 	switch {
 	case missing != nil || tooLarge != "":
 		// Never sent: it would close the channel (or, too large, the
@@ -227,15 +252,7 @@ func (c *Channel) Publish(ctx context.Context, m Message) error {
 		e.head = true
 		c.heads++
 	}
-	sess := c.sess
-	c.mu.Unlock()
-	// A failed send leaves e queued without a tag: the session is gone and
-	// the next one republishes it.
-	if send {
-		c.sendLocked(sess, e)
-	}
-	c.pubMu.Unlock()
-	return nil
+	return e, send
 }
 
 // roomLocked reports whether the Channel takes m now: a message that would
@@ -261,9 +278,17 @@ func messageSize(m *Message) int64 {
 
 // sendLocked publishes e on sess. The caller holds pubMu (not mu) and has
 // checked that e may go on the wire (its key's head). It reports whether
-// the send went out; on failure the session is dead.
+// the send went out; on failure the session is dead. A message over the
+// frame_max of sess's connection (a reconnect to a node with a smaller
+// one) is resolved Returned instead, and what would follow its confirm
+// is sent (tooLargeLocked).
 func (c *Channel) sendLocked(sess *session, e *entry) bool {
 	c.mu.Lock()
+	if reason := c.frameRefusal(sess, e); reason != "" {
+		next := c.resolveLocked(e, Returned, amqp.ContentTooLarge, reason)
+		c.mu.Unlock()
+		return c.tooLargeLocked(sess, next)
+	}
 	sess.nextTag++
 	tag := sess.nextTag
 	e.tag = tag
@@ -307,6 +332,48 @@ func (c *Channel) sendLocked(sess *session, e *entry) bool {
 	c.mu.Unlock()
 	c.log.Debug("publish failed, will republish on a new channel", zap.Error(err))
 	return false
+}
+
+// frameRefusal says why e cannot go on sess's connection: its
+// content-header frame is over the connection's frame_max; "" when it can.
+func (c *Channel) frameRefusal(sess *session, e *entry) string {
+	if c.p.noSizeCheck || sess.conn == nil {
+		return ""
+	}
+	return sizeRefusal(sess.conn, e.headerSize, &Message{}, 0)
+}
+
+// tooLargeLocked goes on after sendLocked resolved a message without
+// sending it: it delivers the Result, and sends what its confirm would
+// have led to (the next suspect in probe mode, else its key's next
+// message next). The caller holds pubMu.
+func (c *Channel) tooLargeLocked(sess *session, next *entry) bool {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	c.mu.Lock()
+	if c.sess != sess {
+		c.mu.Unlock()
+		return true
+	}
+	if c.probe {
+		if first := c.firstSuspectLocked(); first != nil {
+			c.mu.Unlock()
+			return c.sendLocked(sess, first)
+		}
+		c.endProbeLocked()
+		pending := c.unsentLocked()
+		c.mu.Unlock()
+		c.sendAllLocked(sess, pending)
+		return true
+	}
+	ok := next != nil && !next.resolved && next.tag == 0 && c.headLocked(next)
+	c.mu.Unlock()
+	if ok {
+		return c.sendLocked(sess, next)
+	}
+	return true
 }
 
 // Flush waits until every message whose Publish returned before Flush was

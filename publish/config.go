@@ -49,7 +49,10 @@ type Config struct {
 	MaxHeldBytes int64
 	// MaxAttempts is how many times a message the broker nacks is published
 	// before it is reported Rejected, provided the broker has been nacking
-	// it for NackGiveUp at least. Default 5.
+	// it for NackGiveUp at least; also how many times the broker may close
+	// the whole connection over a message's frames (501, 502, 505) while
+	// it alone is on the wire, over NackGiveUp at least, before it is
+	// reported Returned with the close's code. Default 5.
 	MaxAttempts int
 	// MaxMessageSize is the largest body the broker takes, its
 	// max_message_size: AMQP 0-9-1 does not tell it to a client. A message
@@ -57,7 +60,8 @@ type Config struct {
 	// Default DefaultMaxMessageSize, RabbitMQ 3.10's default.
 	MaxMessageSize int64
 	// NackGiveUp is the least time from a message's first nack to its
-	// Rejected Result, however many attempts that takes: a quorum queue
+	// Rejected Result (and from the first connection closed over it to its
+	// Returned Result), however many attempts that takes: a quorum queue
 	// nacks every publish while it elects a leader (seconds), and such a
 	// message must not be given up. A nacked message is published again at
 	// once the first time, then after a backoff from ReconnectMin doubling

@@ -130,15 +130,17 @@
 //
 // Whatever the check missed (another node's smaller frame_max, a broker
 // fault a message triggers) can still make the broker close the whole
-// connection with a code a message can cause (blameConnCode: frame,
-// syntax and internal errors; never a forced close). The Publisher then
+// connection with a code a message's own frames can cause (blameConnCode:
+// 501 frame, 502 syntax and 505 unexpected-frame errors; never an internal
+// error, which any crashed channel process causes, nor a forced close).
+// The Publisher then
 // does not hand the next connection to its Channels at once: it first
 // publishes the messages that were on the wire, over all its Channels, one
 // at a time on a side channel, each waiting for its confirm. Confirmed and
 // returned ones are resolved so; a nacked one goes back to its Channel. A
 // message alone on the wire when the broker closes the connection is the
-// cause: after MaxAttempts such closures it is resolved Returned with the
-// close's code and a Reason that says so, and it is named in the log once,
+// cause: after MaxAttempts such closures, the first of them NackGiveUp
+// ago at least, it is resolved Returned with the close's code and a Reason that says so, and it is named in the log once,
 // with the count. Between those connections the dial backoff keeps
 // growing (it starts again from ReconnectMin only after a connection lost
 // for another reason), so the Publisher never redials faster than the

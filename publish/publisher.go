@@ -53,14 +53,19 @@ type Publisher struct {
 	// of what the broker does with them set it, before any Publish.
 	noSizeCheck bool
 
-	mu       sync.Mutex
-	conn     *amqp.Connection // nil while down
-	node     string           // host:port of conn's broker node, "" while down
-	blocked  bool             // connection.blocked in force on conn
-	finished bool             // supervisor gone: no connection ever again
-	changed  chan struct{}    // closed and replaced when conn, blocked or finished change
-	channels map[*Channel]struct{}
-	closed   bool
+	mu   sync.Mutex
+	conn *amqp.Connection // nil while down, and while the probe has the connection
+	node string           // host:port of conn's (or probeConn's) broker node, "" while down
+	// probeConn is the connection the probe (blame.go) has before the
+	// Channels get it, nil when none; probeWait is when its unconfirmed
+	// publish went out, zero when none is.
+	probeConn *amqp.Connection
+	probeWait time.Time
+	blocked   bool          // connection.blocked in force on conn
+	finished  bool          // supervisor gone: no connection ever again
+	changed   chan struct{} // closed and replaced when conn, blocked or finished change
+	channels  map[*Channel]struct{}
+	closed    bool
 }
 
 // New validates cfg and dials once, so a bad URL, bad credentials, a vhost
@@ -142,6 +147,10 @@ func (p *Publisher) supervise(conn *amqp.Connection, node string) {
 	defer p.finish()
 	bo := backoff.Counter{Min: p.cfg.ReconnectMin, Max: p.cfg.ReconnectMax}
 	everConnected := conn != nil
+	var ev connEvents
+	if conn != nil {
+		ev = notifyConn(conn)
+	}
 	for {
 		if conn == nil {
 			if !backoff.Sleep(p.ctx, bo.Next()) {
@@ -156,6 +165,7 @@ func (p *Publisher) supervise(conn *amqp.Connection, node string) {
 				p.log.Warn("dial AMQP broker", zap.Error(err))
 				continue
 			}
+			ev = notifyConn(conn)
 			if everConnected {
 				p.log.Info("reconnected to AMQP broker", zap.String("node", node))
 				if p.cfg.OnReconnect != nil {
@@ -166,14 +176,15 @@ func (p *Publisher) supervise(conn *amqp.Connection, node string) {
 			}
 			everConnected = true
 		}
-		if len(p.suspects) > 0 && !p.probe(conn) {
+		if len(p.suspects) > 0 && !p.probe(conn, node, ev) {
+			p.setConn(nil, "")
 			if p.ctx.Err() != nil {
 				return
 			}
 			conn = nil
 			continue
 		}
-		lost, blamed := p.watch(conn, node)
+		lost, blamed := p.watch(conn, node, ev)
 		if !lost {
 			return
 		}
@@ -188,11 +199,8 @@ func (p *Publisher) supervise(conn *amqp.Connection, node string) {
 // true) or when p.ctx ended (false; conn is then closed). blamed says that
 // the broker closed conn over a message (blameConnCode): the messages that
 // were on the wire are then p.suspects.
-func (p *Publisher) watch(conn *amqp.Connection, node string) (lost, blamed bool) {
-	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
-	// amqp091 gives up on a listener that does not take a notification
-	// within 5s; this goroutine always takes them at once.
-	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 8))
+func (p *Publisher) watch(conn *amqp.Connection, node string, ev connEvents) (lost, blamed bool) {
+	closes, blocks := ev.closes, ev.blocks
 	p.setConn(conn, node)
 	for {
 		select {
@@ -206,12 +214,7 @@ func (p *Publisher) watch(conn *amqp.Connection, node string) (lost, blamed bool
 				blocks = nil
 				continue
 			}
-			if b.Active {
-				p.log.Warn("AMQP broker blocked publishing", zap.String("reason", b.Reason))
-			} else {
-				p.log.Info("AMQP broker unblocked publishing")
-			}
-			p.setBlocked(b.Active)
+			p.noteBlocked(b)
 		case err := <-closes:
 			p.setConn(nil, "")
 			if err != nil {
@@ -222,6 +225,14 @@ func (p *Publisher) watch(conn *amqp.Connection, node string) (lost, blamed bool
 			if !conn.IsClosed() {
 				_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
 			}
+			// Known limit: after a frame error RabbitMQ sends
+			// connection.close, stops reading for 3 s, then drops the
+			// socket. A Channel blocked writing to it (holding amqp091's
+			// send lock) can make amqp091 shut down with its own error
+			// (Server false, 501 from the failed write) before it reads the
+			// broker's close: that closure counts for no message, and the
+			// backoff starts over. Blaming such a write error would fail
+			// good messages on any network fault, so it is left uncounted.
 			blamed = err != nil && err.Server && blameConnCode(err.Code)
 			if blamed {
 				p.collectSuspects(conn, err)
@@ -237,11 +248,41 @@ func (p *Publisher) setConn(conn *amqp.Connection, node string) {
 	if conn != nil && conn == p.conn {
 		return // New set it already; a connection.blocked since then holds
 	}
-	p.conn = conn
-	p.node = node
-	// A new connection starts unblocked; the broker says again if not.
-	p.blocked = false
+	// A new connection starts unblocked, the broker says again if not;
+	// one the probe had keeps what the broker said during the probe.
+	if conn == nil || conn != p.probeConn {
+		p.blocked = false
+	}
+	p.conn, p.node = conn, node
+	p.probeConn, p.probeWait = nil, time.Time{}
 	p.notifyLocked()
+}
+
+// setProbe records that the probe has conn (to node) before the Channels:
+// Connected and Node tell it, the Channels do not get it (state).
+func (p *Publisher) setProbe(conn *amqp.Connection, node string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conn, p.probeConn, p.node, p.blocked = nil, conn, node, false
+	p.notifyLocked()
+}
+
+// setProbeWait records when the probe's unconfirmed publish went out (zero:
+// none is), for ConfirmWait.
+func (p *Publisher) setProbeWait(t time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.probeWait = t
+}
+
+// noteBlocked logs and records a connection.blocked or unblocked.
+func (p *Publisher) noteBlocked(b amqp.Blocking) {
+	if b.Active {
+		p.log.Warn("AMQP broker blocked publishing", zap.String("reason", b.Reason))
+	} else {
+		p.log.Info("AMQP broker unblocked publishing")
+	}
+	p.setBlocked(b.Active)
 }
 
 func (p *Publisher) setBlocked(b bool) {
@@ -254,7 +295,7 @@ func (p *Publisher) setBlocked(b bool) {
 func (p *Publisher) finish() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.conn = nil
+	p.conn, p.probeConn = nil, nil
 	p.node = ""
 	p.finished = true
 	p.notifyLocked()
@@ -274,12 +315,18 @@ func (p *Publisher) Blocked() bool {
 }
 
 // Connected reports whether the Publisher has an open connection to the
-// broker, and returns a channel closed at the next change of that (or of
+// broker, the one it probes for the message that closed the previous one
+// included, and returns a channel closed at the next change of that (or of
 // blocking). While it is down nothing can be confirmed: a stop need not wait
 // for confirms then, what is unconfirmed is published again anyway.
 func (p *Publisher) Connected() (bool, <-chan struct{}) {
-	conn, _, _, changed := p.state()
-	return conn != nil && !conn.IsClosed(), changed
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	conn := p.conn
+	if conn == nil {
+		conn = p.probeConn
+	}
+	return conn != nil && !conn.IsClosed(), p.changed
 }
 
 // Node returns the broker node the Publisher is connected to, as host:port
@@ -293,18 +340,22 @@ func (p *Publisher) Node() string {
 // ConfirmWait is how long the Publisher has been waiting for the broker's
 // confirmations: the longest time one of its Channels has had messages on
 // the wire without receiving any confirmation (ack, nack), 0 when none has
-// messages outstanding. A broker that stopped confirming (a quorum queue
+// messages outstanding; the probe for a message that closed the connection
+// (blame.go) counts as one. A broker that stopped confirming (a quorum queue
 // without a majority of its nodes, a node under heavy load) makes it grow
 // while the connection stays up. No I/O.
 func (p *Publisher) ConfirmWait() time.Duration {
+	now := time.Now()
+	var longest time.Duration
 	p.mu.Lock()
+	if !p.probeWait.IsZero() {
+		longest = now.Sub(p.probeWait)
+	}
 	chans := make([]*Channel, 0, len(p.channels))
 	for c := range p.channels {
 		chans = append(chans, c)
 	}
 	p.mu.Unlock()
-	var longest time.Duration
-	now := time.Now()
 	for _, c := range chans {
 		c.mu.Lock()
 		if !c.waitSince.IsZero() {

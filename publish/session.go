@@ -178,43 +178,13 @@ func (c *Channel) recordReturn(s *session, r amqp.Return) {
 
 // confirm handles one confirmation, delivered by amqp091 in tag order.
 func (c *Channel) confirm(s *session, conf amqp.Confirmation) {
-	// A basic.return precedes the ack of its publish and amqp091 queued it
-	// before queueing the ack, so it is in s.returns now: take it first.
-	for drained := false; !drained; {
-		select {
-		case r, ok := <-s.returns:
-			if !ok {
-				s.returns = nil
-				drained = true
-				continue
-			}
-			c.recordReturn(s, r)
-		default:
-			drained = true
-		}
-	}
+	c.drainReturns(s)
 	c.mu.Lock()
-	e := s.byTag[conf.DeliveryTag]
-	if e != nil && e.dc == nil {
-		// The confirmation overtook the return of the publish call that
-		// sets e.dc; that call holds pubMu until it has.
-		c.mu.Unlock()
-		c.pubMu.Lock()
-		c.pubMu.Unlock()
-		c.mu.Lock()
-		e = s.byTag[conf.DeliveryTag]
-	}
+	e := c.takeTagLocked(s, conf.DeliveryTag)
 	if e == nil {
 		c.mu.Unlock()
 		c.log.Warn("confirmation for an unknown delivery tag", zap.Uint64("tag", conf.DeliveryTag))
 		return
-	}
-	delete(s.byTag, conf.DeliveryTag)
-	e.tag = 0
-	if len(s.byTag) == 0 {
-		c.waitSince = time.Time{}
-	} else {
-		c.waitSince = time.Now()
 	}
 	// amqp091's resequenced stream turns an early nack into an ack when a
 	// later ack with multiple=true covers its tag (it does not remember the
@@ -231,57 +201,144 @@ func (c *Channel) confirm(s *session, conf amqp.Confirmation) {
 		}
 		e.dc = nil
 	}
-	key := returnKey{e.msg.Publishing.MessageId, e.msg.Exchange, e.msg.RoutingKey}
+	returned := c.takeReturnLocked(s, e)
 	retry := false
 	var next *entry
 	switch {
-	case s.returned[key] > 0:
-		if s.returned[key]--; s.returned[key] == 0 {
-			delete(s.returned, key)
-		}
+	case e.resolved:
+		// The Publisher's probe resolved it meanwhile (blame.go).
+		c.settleResolvedLocked(e, ack && !returned)
+	case returned:
 		next = c.resolveLocked(e, Returned, 312, "312 NO_ROUTE")
 	case ack:
 		next = c.resolveLocked(e, Confirmed, 0, "")
 	default:
-		e.attempts++
-		if e.attempts == 1 {
-			e.firstNack = time.Now()
-			e.nackBackoff = backoff.Counter{Min: c.p.cfg.ReconnectMin, Max: c.p.cfg.ReconnectMax}
-		}
-		if e.attempts >= c.p.cfg.MaxAttempts && time.Since(e.firstNack) >= c.p.cfg.NackGiveUp {
-			next = c.resolveLocked(e, Rejected, 0, fmt.Sprintf("nacked %d times over %v", e.attempts, time.Since(e.firstNack).Round(time.Millisecond)))
-		} else {
-			retry = true
-		}
+		retry, next = c.nackLocked(e)
 	}
 	probe := c.probe
 	c.mu.Unlock()
 
 	switch {
 	case retry:
-		// Still its key's head: the messages of its key after it stay
-		// parked, so it is published again ahead of them.
-		// A quorum queue electing a leader nacks a whole window at once:
-		// one WARN a second per Channel says so, the rest go to DEBUG.
-		log := c.log.Debug
-		if now := time.Now(); e.attempts == 1 && now.Sub(c.nackWarned) >= time.Second {
-			log, c.nackWarned = c.log.Warn, now
-		}
-		log("broker nacked a message, publishing it again (more nacks within a second are logged at DEBUG)",
-			zap.String("message_id", e.msg.Publishing.MessageId), zap.Int("attempt", e.attempts+1))
-		if e.attempts == 1 {
-			c.pubMu.Lock()
-			c.sendLocked(s, e)
-			c.pubMu.Unlock()
-		} else {
-			c.retryLater(s, e)
-		}
+		c.retryNacked(s, e)
 	case probe:
 		c.probeNext(s)
 	case next != nil:
 		c.sendNext(s, next)
 	}
 	c.deliver()
+}
+
+// drainReturns records the basic.returns amqp091 queued. A basic.return
+// precedes the ack of its publish and amqp091 queued it before queueing
+// the ack, so confirm takes them first.
+func (c *Channel) drainReturns(s *session) {
+	for {
+		select {
+		case r, ok := <-s.returns:
+			if !ok {
+				s.returns = nil
+				return
+			}
+			c.recordReturn(s, r)
+		default:
+			return
+		}
+	}
+}
+
+// takeTagLocked takes the entry of tag off the wire of s (nil when it is
+// unknown): no delivery tag, no longer on s's connection. The caller holds
+// mu; takeTagLocked may release it for a moment.
+func (c *Channel) takeTagLocked(s *session, tag uint64) *entry {
+	e := s.byTag[tag]
+	if e != nil && e.dc == nil {
+		// The confirmation overtook the return of the publish call that
+		// sets e.dc; that call holds pubMu until it has.
+		c.mu.Unlock()
+		c.pubMu.Lock()
+		c.pubMu.Unlock()
+		c.mu.Lock()
+		e = s.byTag[tag]
+	}
+	if e == nil {
+		return nil
+	}
+	delete(s.byTag, tag)
+	e.tag = 0
+	// Off the wire: a connection closed from now on is not its doing
+	// (collectSuspects), even while it waits for a retry after a nack.
+	e.sentOn = nil
+	if len(s.byTag) == 0 {
+		c.waitSince = time.Time{}
+	} else {
+		c.waitSince = time.Now()
+	}
+	return e
+}
+
+// takeReturnLocked reports whether the broker returned e on s (a
+// basic.return with its message id, exchange and routing key), and takes
+// that return.
+func (c *Channel) takeReturnLocked(s *session, e *entry) bool {
+	key := returnKey{e.msg.Publishing.MessageId, e.msg.Exchange, e.msg.RoutingKey}
+	if s.returned[key] == 0 {
+		return false
+	}
+	if s.returned[key]--; s.returned[key] == 0 {
+		delete(s.returned, key)
+	}
+	return true
+}
+
+// settleResolvedLocked handles the confirmation of a message the
+// Publisher's probe resolved already: a message gets one Result, and one
+// the broker acked is Confirmed, never failed, as long as its Result is not
+// delivered (the probe only fails a message without an ack, see
+// Publisher.blame, so a delivered one was right).
+func (c *Channel) settleResolvedLocked(e *entry, acked bool) {
+	if !acked || e.res.Outcome == Confirmed || e.seq <= c.delivered {
+		return
+	}
+	c.log.Warn("the broker acked a message the search for the message that closed the connection had given up; reporting it as confirmed",
+		zap.String("message_id", e.msg.Publishing.MessageId), zap.String("was", e.res.Reason))
+	e.res = Result{Tag: e.msg.Tag, Outcome: Confirmed}
+}
+
+// nackLocked counts a nack of e and resolves it Rejected once the broker
+// nacked it MaxAttempts times over NackGiveUp at least (next is then its
+// key's next message); otherwise retry says to publish it again.
+func (c *Channel) nackLocked(e *entry) (retry bool, next *entry) {
+	e.attempts++
+	if e.attempts == 1 {
+		e.firstNack = time.Now()
+		e.nackBackoff = backoff.Counter{Min: c.p.cfg.ReconnectMin, Max: c.p.cfg.ReconnectMax}
+	}
+	if e.attempts >= c.p.cfg.MaxAttempts && time.Since(e.firstNack) >= c.p.cfg.NackGiveUp {
+		return false, c.resolveLocked(e, Rejected, 0, fmt.Sprintf("nacked %d times over %v", e.attempts, time.Since(e.firstNack).Round(time.Millisecond)))
+	}
+	return true, nil
+}
+
+// retryNacked publishes e, just nacked, again: at once the first time,
+// after its backoff later. Still its key's head: the messages of its key
+// after it stay parked, so it is published again ahead of them.
+func (c *Channel) retryNacked(s *session, e *entry) {
+	// A quorum queue electing a leader nacks a whole window at once:
+	// one WARN a second per Channel says so, the rest go to DEBUG.
+	log := c.log.Debug
+	if now := time.Now(); e.attempts == 1 && now.Sub(c.nackWarned) >= time.Second {
+		log, c.nackWarned = c.log.Warn, now
+	}
+	log("broker nacked a message, publishing it again (more nacks within a second are logged at DEBUG)",
+		zap.String("message_id", e.msg.Publishing.MessageId), zap.Int("attempt", e.attempts+1))
+	if e.attempts == 1 {
+		c.pubMu.Lock()
+		c.sendLocked(s, e)
+		c.pubMu.Unlock()
+	} else {
+		c.retryLater(s, e)
+	}
 }
 
 // retryLater publishes e, nacked more than once, again on s after its
@@ -386,8 +443,10 @@ func (c *Channel) end(s *session, cerr *amqp.Error) (progress bool) {
 	c.mu.Lock()
 	var outstanding []*entry
 	for _, e := range s.byTag {
-		outstanding = append(outstanding, e)
 		e.tag = 0
+		if !e.resolved { // the Publisher's probe may have resolved it
+			outstanding = append(outstanding, e)
+		}
 	}
 	clear(s.byTag)
 	c.waitSince = time.Time{} // republished on the next session

@@ -78,7 +78,7 @@ type Config struct {
 	MaxInflightBytes int64 // default 16 MiB
 	Lanes            int   // publishing lanes (AMQP channels); default 2
 	ConfirmWindow    int   // messages on the wire per lane (parked ones count in MaxInflightBytes only); default 256
-	MaxAttempts      int   // broker nacks before a message goes to outbox_failed; default 5
+	MaxAttempts      int   // broker nacks, or connections the broker closed over the message's frames, before it goes to outbox_failed (over 30 s at least); default 5
 	// AMQPMaxMessageSize is the broker's max_message_size: a row whose
 	// payload is larger goes to outbox_failed unsent. Default 128 MiB,
 	// RabbitMQ 3.10's default.

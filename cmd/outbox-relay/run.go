@@ -66,7 +66,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	fs.IntVar(&cfg.Lanes, "lanes", relay.DefaultLanes, "publishing lanes (AMQP channels); rows of one partition key share a lane (raise for a far broker: a lane carries at most --confirm-window messages per round trip)")
 	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", relay.DefaultConfirmWindow, "messages on the wire (sent, unconfirmed) per lane; messages parked behind their key count in --max-inflight-bytes only")
 	fs.Var(&maxMessage, "amqp-max-message-size", "the broker's max_message_size in `bytes` (e.g. 128MiB, RabbitMQ's default); a row whose payload is larger goes to outbox_failed unsent. Set it when the broker's was changed")
-	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "broker nacks before a message goes to outbox_failed")
+	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "broker nacks, or connections the broker closed over the message's frames, before a message goes to outbox_failed (over 30s at least)")
 	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", relay.DefaultCheckpointInterval, "how often an idle relay moves its stored position past other tables' transactions")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", relay.DefaultHeartbeatInterval, "leadership heartbeat")
 	fs.DurationVar(&cfg.LeaderLease, "leader-lease", relay.DefaultLeaderLease, "a leader whose heartbeat is older than this is taken over by a standby, and a new leader whose predecessor did not stop cleanly publishes only once its heartbeat is this old; at least 3 heartbeat intervals; unset, 5 heartbeat intervals when that is longer than the default")
