@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -151,6 +152,8 @@ func count(ctx context.Context, t testing.TB, db *sql.DB, query string) int {
 // waitRows waits until the query's count reaches want.
 func waitRows(ctx context.Context, t testing.TB, db *sql.DB, query string, want int) {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	for {
 		n := count(ctx, t, db, query)
 		if n == want {

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -473,6 +474,8 @@ func waitDelivered(ctx context.Context, t *testing.T, v *validator.Validator, n 
 // waitFor waits until cond holds, failing the test when ctx ends first.
 func waitFor(ctx context.Context, t *testing.T, cond func() bool) {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	for !cond() {
 		select {
 		case <-ctx.Done():

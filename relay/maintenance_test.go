@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -71,6 +72,8 @@ func TestMaintenanceRunsOnTheLeaderOnly(t *testing.T) {
 
 func maintWait(ctx context.Context, t *testing.T, what string, cond func() bool) {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	for !cond() {
 		select {
 		case <-ctx.Done():

@@ -13,6 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -182,6 +183,8 @@ func sinceHeartbeat(ctx context.Context, t *testing.T, db *sql.DB, hb string) ti
 // waitEpoch waits until the progress row is at epoch want.
 func waitEpoch(ctx context.Context, t *testing.T, db *sql.DB, want int64) {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	for {
 		var epoch int64
 		if err := db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress").Scan(&epoch); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -134,6 +135,8 @@ func TestLeaderSurvivesWakeStorm(t *testing.T) {
 
 func waitChanged(ctx context.Context, t *testing.T, changed <-chan struct{}, what string) {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	// The bounded wait is the assertion: the heartbeat is a minute apart.
 	select {
 	case <-changed:

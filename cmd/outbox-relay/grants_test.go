@@ -25,6 +25,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/dedup"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -415,6 +416,8 @@ func startLimitedInbox(ctx context.Context, t *testing.T, db *testenv.DB, b *tes
 // up on failed, and checks one effect per processed message.
 func (in *limitedInbox) wait(ctx context.Context, t *testing.T, processed, failed int64) {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	for {
 		st := in.c.Stats()
 		if st.Processed >= processed && st.Failed >= failed {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/dedup"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/position"
@@ -90,6 +91,8 @@ func (e *inboxEffects) check(ctx context.Context, t *testing.T, total int) dedup
 // read with the relay's own tailer.
 func (c *countingConsumer) uncoveredTail(ctx context.Context, t *testing.T, db *testenv.DB) int {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	for last := -1; ; {
 		_, d, _ := c.stats()
 		if d == last {

@@ -147,6 +147,8 @@ func (c *epochConsumer) last(f func(epochDelivery) bool) (epochDelivery, bool) {
 // waitFor waits until at least n deliveries satisfy f.
 func (c *epochConsumer) waitFor(ctx context.Context, t *testing.T, what string, n int, f func(epochDelivery) bool) {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	for c.count(f) < n {
 		select {
 		case <-ctx.Done():
@@ -401,6 +403,8 @@ func roundsHolding(ctx context.Context, t *testing.T, db *sql.DB) int {
 // waitStopped waits until the kernel shows the process stopped (state T
 // in /proc/PID/stat): SIGSTOP has taken effect on every thread.
 func (p *relayProc) waitStopped(ctx context.Context) {
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	p.t.Helper()
 	path := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
 	for {

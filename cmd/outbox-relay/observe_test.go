@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -66,6 +67,8 @@ func metricValue(t *testing.T, base, sample string) float64 {
 // waitMetric waits until sample reaches want, and fails if it passes it.
 func waitMetric(ctx context.Context, t *testing.T, base, sample string, want float64) {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	for {
 		got := metricValue(t, base, sample)
 		if got > want {

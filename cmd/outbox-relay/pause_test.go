@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -444,6 +445,8 @@ func TestCLIPauseAgainAfterLeaderLeft(t *testing.T) {
 // answered (outbox_relay_inflight_messages above 0).
 func waitInflight(ctx context.Context, t *testing.T, base string) {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for metricValue(t, base, "outbox_relay_inflight_messages") == 0 {

@@ -219,6 +219,8 @@ func (p *relayProc) lastLine() string {
 
 // waitLog waits until the output of the current start contains s.
 func (p *relayProc) waitLog(ctx context.Context, s string) {
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	p.t.Helper()
 	marker := fmt.Sprintf("=== start #%d ", p.starts)
 	for {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -29,6 +30,8 @@ func statusOf(t *testing.T, db *testenv.DB, args ...string) statusJSON {
 // waitStatus polls status until ok holds.
 func waitStatus(ctx context.Context, t *testing.T, db *testenv.DB, what string, ok func(statusJSON) bool) statusJSON {
 	t.Helper()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	for {
 		s := statusOf(t, db)
 		if ok(s) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint/operator"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -74,6 +75,8 @@ func (p *inProc) stop() int {
 
 // waitLog waits until the run's log holds want; it fails if the run ends first.
 func (p *inProc) waitLog(ctx context.Context, want string) {
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	p.t.Helper()
 	for !strings.Contains(p.stderr.String(), want) {
 		select {

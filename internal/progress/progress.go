@@ -61,3 +61,11 @@ func WaitPatience(ctx context.Context, patience time.Duration, what string, meas
 	}
 	return nil
 }
+
+// Step is ctx bounded by Patience, for one step of a test that has no
+// measure of its own to watch (a log line, a status, a metric reaching a
+// value): the step fails when it has not happened within Patience, however
+// long the whole workload around it runs.
+func Step(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, Patience)
+}
