@@ -467,7 +467,11 @@ func TestRunSIGTERMIsClean(t *testing.T) {
 	prodDone := make(chan error, 1)
 	go func() {
 		prodDone <- testload.Run(ctx, db.SQL, v, testload.Load{
+			// Paced (at most 800 transactions a second): the stream
+			// lasts 10 s or more, so the SIGTERM lands while it flows
+			// rather than after the relay has caught up.
 			Producers: 8, Partitions: 100, Total: total, BigTxn: 500, BigShare: 0.01, Exchange: b.Exchange,
+			Pace: 10 * time.Millisecond,
 		})
 	}()
 	th := total*20/100 + testload.RandN(total*40/100)
