@@ -63,7 +63,7 @@ func TestHandoverUnderConcurrentProducers(t *testing.T) {
 		}
 	}()
 
-	const handovers = 12
+	const handovers = 8
 	for i := range handovers {
 		if i > 0 {
 			if _, err := db.SQL.ExecContext(ctx, "UPDATE outbox_relay_progress SET mode = 'poll'"); err != nil {
