@@ -308,7 +308,7 @@ func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 	keys := f.seen.keys(ofEpoch(e1))
 
 	if poll {
-		stopInsideRound(ctx, t, f.leader, amqpProxy, db.SQL)
+		stopInsideRound(ctx, t, f.leader, amqpProxy, db.SQL, func() int { return f.seen.count(ofEpoch(e1)) })
 	} else {
 		f.leader.stop()
 	}
@@ -366,26 +366,51 @@ func testLeaderFailoverSIGSTOP(t *testing.T, extra ...string) {
 // may commit between the two looks; it then tries again. The proxy passes
 // traffic again once the leader is stopped (its connections through it are
 // cut).
-func stopInsideRound(ctx context.Context, t *testing.T, p *relayProc, proxy *testenv.FaultProxy, db *sql.DB) {
+func stopInsideRound(ctx context.Context, t *testing.T, p *relayProc, proxy *testenv.FaultProxy, db *sql.DB, delivered func() int) {
 	t.Helper()
-	proxy.Stall()
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
 	defer proxy.Unstall()
 	for {
-		for roundsHolding(ctx, t, db) == 0 {
+		proxy.Stall()
+		// A round that claims rows while the broker stalls holds them:
+		// look for one for a while. None shows when the leader was not
+		// polling at the stall (between reconnects, or its AMQP heartbeat
+		// gave the stalled link up first on a busy machine): then let it
+		// through again until it delivers, and stall anew.
+		looked := time.Now()
+		for roundsHolding(ctx, t, db) == 0 && time.Since(looked) < holdingLook {
 			select {
 			case <-ctx.Done():
 				t.Fatalf("no poll round of the leader holds rows locked while its broker stalls: %v", ctx.Err())
 			case <-time.After(20 * time.Millisecond):
 			}
 		}
-		p.stop()
-		p.waitStopped(ctx)
 		if roundsHolding(ctx, t, db) > 0 {
-			return
+			p.stop()
+			p.waitStopped(ctx)
+			if roundsHolding(ctx, t, db) > 0 {
+				return
+			}
+			p.cont()
 		}
-		p.cont()
+		proxy.Unstall()
+		before := delivered()
+		for delivered() == before {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("the leader delivered nothing after its broker link was let through again: %v", ctx.Err())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
 	}
 }
+
+// holdingLook is how long stopInsideRound looks for a round holding rows
+// after it stalls the broker before it tries again: rounds start within
+// milliseconds while rows are pending, so a miss means the leader was not
+// polling at the stall, not that it is slow.
+const holdingLook = 5 * time.Second
 
 // roundsHolding counts the transactions that hold rows locked and have
 // changed none: poll rounds between their claim and their acknowledgement
