@@ -176,6 +176,7 @@ type leakSetup struct {
 	broker       *testenv.Broker              // the test's exchange and queue, on the broker amqpURL names when it answers
 	relay        func(*testing.T, *relayProc) // waits for what the running relay must reach; nil: run exits by itself
 	succeeds     bool                         // every command must exit 0
+	relayName    string                       // --relay-name (OUTBOX_RELAY_RELAY_NAME); "" for the default
 }
 
 // TestNoPasswordPrinted runs every subcommand with distinctive passwords in
@@ -218,7 +219,10 @@ func TestNoPasswordPrinted(t *testing.T) {
 		"malformed": {dsn: user + ":" + leakMySQLPassword.password + "@tcp(127.0.0.1:1)",
 			amqpURL: "amqp://leak:" + leakAMQPPassword.password + "@127.0.0.1:1/,amqp://leak2:" + leakNode2Password.password + "@127.0.0.1:1/"},
 		"database_missing": {dsn: dsnOf(addr, missing), amqpURL: deadBrokers},
-		"broker_unreachable": {dsn: dsnOf(addr, dbBroker.Name), amqpURL: deadBrokers, root: dbBroker, broker: b,
+		// A relay name of its own: the leadership lock is named for the
+		// relay name alone, server-wide, and "success" runs a relay of the
+		// default name on the same server at the same time.
+		"broker_unreachable": {dsn: dsnOf(addr, dbBroker.Name), amqpURL: deadBrokers, root: dbBroker, broker: b, relayName: "leak-unreachable",
 			relay: func(t *testing.T, p *relayProc) { waitReadyz(t, p, 503, "connect to AMQP broker") }},
 		"success": {dsn: dsnOf(addr, dbOK.Name), amqpURL: amqpURLWith(t, b.URL, rabbitUser(t, leakAMQPPassword.password), leakAMQPPassword.password),
 			root: dbOK, broker: b, succeeds: true, relay: func(t *testing.T, p *relayProc) { waitReadyz(t, p, 200, "ready") }},
@@ -263,6 +267,9 @@ func waitReadyz(t *testing.T, p *relayProc, code int, want string) {
 // finds a failure), and scans what each printed.
 func leakSession(t *testing.T, scan *leakScanner, bin string, s *leakSetup) {
 	env := leakEnv(s.dsn, s.amqpURL)
+	if s.relayName != "" {
+		env = append(env, "OUTBOX_RELAY_RELAY_NAME="+s.relayName)
+	}
 	ops := func(args ...string) {
 		t.Helper()
 		r := runBinary(t, bin, env, args...)
@@ -336,9 +343,13 @@ func leakRelay(ctx context.Context, t *testing.T, scan *leakScanner, s *leakSetu
 	if s.succeeds {
 		v = consumeAll(t, s.broker)
 	}
-	p := newRelayProc(t, "--mysql-dsn", s.dsn, "--amqp-url", s.amqpURL, "--default-exchange", s.exchange(),
+	args := []string{"--mysql-dsn", s.dsn, "--amqp-url", s.amqpURL, "--default-exchange", s.exchange(),
 		"--server-id", strconv.FormatUint(uint64(testenv.ServerID(t)), 10), "--log-format", "console",
-		"--log-level", "debug", "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "5s")
+		"--log-level", "debug", "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "5s"}
+	if s.relayName != "" {
+		args = append(args, "--relay-name", s.relayName)
+	}
+	p := newRelayProc(t, args...)
 	if s.relay == nil {
 		p.runToExit(45 * time.Second)
 		return p

@@ -181,7 +181,7 @@ func TestCLIStatusExitCodes(t *testing.T) {
 		{[]string{"checkpoint", "show", "--relay-name", "nope"}, 2, "no progress row"},
 		{[]string{"checkpoint", "set", "--relay-name", "nope", "--gtid", "0-1-1"}, 2, "no progress row"},
 		{[]string{"checkpoint"}, 2, "show or set"},
-		{[]string{"checkpoint", "set", "--gtid", "0-1-1", "--file", "f", "--pos", "4"}, 2, "--gtid SET or --file"},
+		{[]string{"checkpoint", "set", "--gtid", "0-1-1", "--file", "f", "--pos", "4"}, 2, "--gtid SET, --file F --pos N or --from-relay NAME"},
 		{[]string{"checkpoint", "set", "--file", "f"}, 2, "--pos"},
 		{[]string{"checkpoint", "show", "--force"}, 2, "does not take"},
 		{[]string{"status", "--mysql-dsn", "root@tcp(127.0.0.1:1)/x"}, 1, "connect"},
