@@ -85,26 +85,9 @@ func TestRelayOversizeHeadersGoToFailed(t *testing.T) {
 						msgs = append(msgs, ordinary(b, n))
 					}
 				}
-				ids := enqueue(ctx, t, db, msgs)
-				for i, msg := range msgs {
-					if reason, ok := reasons[i]; ok {
-						failed[ids[i].String()] = reason
-					} else {
-						v.Expect(expected(ids[i], msg))
-					}
-				}
+				expectOrFail(v, failed, enqueue(ctx, t, db, msgs), msgs, reasons)
 			}
-			if err := v.WaitComplete(ctx); err != nil {
-				t.Fatalf("%v (the relay reconnected to the broker %v times)", err, amqpReconnects(t, reg))
-			}
-			waitRows(ctx, t, db, "SELECT COUNT(*) FROM outbox", 0)
-			checkFailed(ctx, t, db, failed)
-			if err := v.Check(validator.ExactlyOnce); err != nil {
-				t.Fatal(err)
-			}
-			if n := amqpReconnects(t, reg); n != 0 {
-				t.Errorf("the relay reconnected to the broker %v times, want none", n)
-			}
+			checkLimitsRun(ctx, t, db, v, reg, failed, validator.ExactlyOnce)
 		})
 	}
 }
@@ -246,26 +229,39 @@ func TestRelayBrokerRefusalsGoToFailed(t *testing.T) {
 					}
 					msgs = append(msgs, msg)
 				}
-				ids := enqueue(ctx, t, db, msgs)
-				for i, msg := range msgs {
-					if reason, ok := reasons[i]; ok {
-						failed[ids[i].String()] = reason
-					} else {
-						v.Expect(expected(ids[i], msg))
-					}
-				}
+				expectOrFail(v, failed, enqueue(ctx, t, db, msgs), msgs, reasons)
 			}
-			if err := v.WaitComplete(ctx); err != nil {
-				t.Fatalf("%v (the relay reconnected to the broker %v times)", err, amqpReconnects(t, reg))
-			}
-			waitRows(ctx, t, db, "SELECT COUNT(*) FROM outbox", 0)
-			checkFailed(ctx, t, db, failed)
-			if err := v.Check(validator.AtLeastOnce); err != nil {
-				t.Fatal(err)
-			}
-			if n := amqpReconnects(t, reg); n != 0 {
-				t.Errorf("the relay reconnected to the broker %v times, want none", n)
-			}
+			checkLimitsRun(ctx, t, db, v, reg, failed, validator.AtLeastOnce)
 		})
+	}
+}
+
+// expectOrFail tells v to expect each enqueued message, except those with a
+// reason (by index in msgs): failed gets those, by message id.
+func expectOrFail(v *validator.Validator, failed map[string]string, ids []outbox.MessageID, msgs []outbox.Message, reasons map[int]string) {
+	for i, msg := range msgs {
+		if reason, ok := reasons[i]; ok {
+			failed[ids[i].String()] = reason
+		} else {
+			v.Expect(expected(ids[i], msg))
+		}
+	}
+}
+
+// checkLimitsRun waits for every expected message and an empty outbox, then
+// checks outbox_failed against failed, the deliveries in mode, and that the
+// relay never reconnected to the broker.
+func checkLimitsRun(ctx context.Context, t *testing.T, db *testenv.DB, v *validator.Validator, reg *prometheus.Registry, failed map[string]string, mode validator.Delivery) {
+	t.Helper()
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatalf("%v (the relay reconnected to the broker %v times)", err, amqpReconnects(t, reg))
+	}
+	waitRows(ctx, t, db, "SELECT COUNT(*) FROM outbox", 0)
+	checkFailed(ctx, t, db, failed)
+	if err := v.Check(mode); err != nil {
+		t.Fatal(err)
+	}
+	if n := amqpReconnects(t, reg); n != 0 {
+		t.Errorf("the relay reconnected to the broker %v times, want none", n)
 	}
 }
