@@ -417,9 +417,11 @@ func publishRaw(ctx context.Context, t *testing.T, b *testenv.Broker, key string
 // waitCount waits until query returns n.
 func waitCount(ctx context.Context, t *testing.T, db *testenv.DB, n int, query string) {
 	t.Helper()
-	count := func() int64 { return int64(opsCount(t, db, query)) }
-	if err := progress.Wait(ctx, query, count, func() bool { return count() == int64(n) }); err != nil {
-		t.Fatalf("%s: %d, waited for %d: %v", query, opsCount(t, db, query), n, err)
+	// progress.Wait asks measure before done: done reads what it counted.
+	got := -1
+	count := func() int64 { got = opsCount(t, db, query); return int64(got) }
+	if err := progress.Wait(ctx, query, count, func() bool { return got == n }); err != nil {
+		t.Fatalf("%s: %d, waited for %d: %v", query, got, n, err)
 	}
 }
 

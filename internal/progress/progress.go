@@ -27,7 +27,8 @@ func (e *Stalled) Error() string {
 	return fmt.Sprintf("%s: nothing moved for %v (progress stuck at %d)", e.What, e.For.Round(time.Second), e.Value)
 }
 
-// Wait calls done every Interval until it reports true, and returns nil then.
+// Wait calls done every Interval until it reports true, and returns nil then;
+// measure is called first each time, so done may read what it computed.
 // measure reports how far the work has come (messages received, rows left,
 // anything that changes while it advances); Wait returns a *Stalled error when
 // measure has reported the same value for Patience, and ctx's error when ctx
