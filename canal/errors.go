@@ -2,6 +2,7 @@ package canal
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/outbox-relay/outbox-relay/position"
 )
@@ -31,20 +32,66 @@ func (e *PreflightError) Error() string { return e.Problem + ": " + e.Fix }
 
 // SchemaError reports an outbox table whose binlog shape is not the one the
 // tailer maps: a required column missing (renamed or dropped, typically DDL
-// while running) or of an unexpected type. It is fatal: the table must be
-// repaired, the relay cannot guess.
+// while running) or of an unexpected type. Re-reading the same events gives
+// the same error: the relay must get past them another way (poll mode reads
+// the rows by today's column names).
 type SchemaError struct {
 	Schema, Table string
-	Column        string // the offending column
-	Reason        string // empty when the column is missing
+	Column        string   // the offending column
+	Reason        string   // empty when the column is missing
+	GTID          string   // the transaction whose event showed it ("" before the first row)
+	Columns       []string // the columns of the event's table map
 }
 
 func (e *SchemaError) Error() string {
-	if e.Reason != "" {
-		return fmt.Sprintf("outbox column %q of %s.%s in the binlog table map: %s", e.Column, e.Schema, e.Table, e.Reason)
+	var where string
+	if e.GTID != "" {
+		where = " in transaction " + e.GTID
 	}
-	return fmt.Sprintf("outbox column %q missing from the binlog table map of %s.%s: the table's shape changed (DDL while running?)",
-		e.Column, e.Schema, e.Table)
+	if len(e.Columns) > 0 {
+		where += " (table map columns: " + strings.Join(e.Columns, ", ") + ")"
+	}
+	if e.Reason != "" {
+		return fmt.Sprintf("outbox column %q of %s.%s in the binlog table map%s: %s", e.Column, e.Schema, e.Table, where, e.Reason)
+	}
+	return fmt.Sprintf("outbox column %q missing from the binlog table map of %s.%s%s: the table's shape changed (DDL while running?)",
+		e.Column, e.Schema, e.Table, where)
+}
+
+// StatementError reports a write into the outbox table that the binlog
+// holds as a statement (the writing session's binlog_format was STATEMENT,
+// or MIXED), not as rows: the binlog has no row values to publish, the rows
+// are in the table.
+type StatementError struct {
+	Schema, Table string
+	GTID          string // the transaction holding the statement
+	Statement     string // its text, shortened
+}
+
+func (e *StatementError) Error() string {
+	return fmt.Sprintf("transaction %s writes into %s.%s as a statement, not as rows (the writing session's binlog_format "+
+		"was STATEMENT or MIXED): %q", e.GTID, e.Schema, e.Table, e.Statement)
+}
+
+// XACommitError reports the XA COMMIT of a transaction whose outbox rows the
+// binlog holds at its XA PREPARE, earlier: the tailer never hands those
+// rows over (they may yet be rolled back), and at the commit they are read
+// from the table. Seen is false when the prepare is older than the stream's
+// start, so whether it wrote outbox rows is unknown.
+type XACommitError struct {
+	GTID string // the transaction holding the XA COMMIT
+	XID  string // as the binlog writes it: X'gtrid',X'bqual',formatID
+	Rows int    // outbox rows of its prepare; 0 when not Seen
+	Seen bool
+}
+
+func (e *XACommitError) Error() string {
+	if !e.Seen {
+		return fmt.Sprintf("XA COMMIT %s in transaction %s commits a transaction prepared before the binlog stream's start: "+
+			"any outbox rows it wrote are in the table, not in the stream read", e.XID, e.GTID)
+	}
+	return fmt.Sprintf("XA COMMIT %s in transaction %s commits %d outbox rows written at its XA PREPARE, "+
+		"which the stream holds back until the decision: they are read from the table", e.XID, e.GTID, e.Rows)
 }
 
 // PurgedError reports a start position the server cannot stream from: the

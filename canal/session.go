@@ -3,6 +3,7 @@ package canal
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
@@ -34,7 +35,15 @@ type session struct {
 	skipTxn  bool       // already committed (duplicate guard): read past it silently
 	rows     int        // outbox rows of it seen so far, including skipped re-reads
 	skipRows int        // its first rows already delivered before a reconnect
+	xa       bool       // an XA transaction's prepare group (or MySQL's one-phase XA)
+	xid      string     // its xid (normXID)
+	xaRows   int        // its outbox rows, held back (xa.go)
 	colMap   *columnMap // the column map of the last outbox TABLE_MAP seen
+
+	// prepared holds the XA transactions prepared in this Run and not yet
+	// decided: xid → how many outbox rows each wrote.
+	prepared map[string]int
+	checksum bool // the binlog's events end with a CRC32 (FORMAT_DESCRIPTION)
 
 	// The transaction a failed connection interrupted after Row had seen
 	// resumeRows of its rows; its re-read must skip them.
@@ -94,6 +103,7 @@ func (s *session) resetTxn() {
 	s.open, s.explicit, s.skipTxn = false, false, false
 	s.txnID, s.txnGTID = "", gtidRef{}
 	s.rows, s.skipRows = 0, 0
+	s.xa, s.xid, s.xaRows = false, "", 0
 }
 
 // interrupted records, after a failed connection, how many rows of the
@@ -113,15 +123,29 @@ func (s *session) event(ctx context.Context, ev *replication.BinlogEvent) error 
 	switch e := ev.Event.(type) {
 	case *replication.RotateEvent:
 		s.file = string(e.NextLogName)
+	case *replication.FormatDescriptionEvent:
+		s.checksum = e.ChecksumAlgorithm == replication.BINLOG_CHECKSUM_ALG_CRC32
 	case *replication.MariadbGTIDEvent:
 		g := e.GTID // a copy: the event is go-mysql's
-		return s.begin(gtidRef{maria: &g}, !e.IsStandalone())
+		if err := s.begin(gtidRef{maria: &g}, !e.IsStandalone()); err != nil {
+			return err
+		}
+		if e.Flags&mariaFlPreparedXA != 0 {
+			s.xa, s.xid = true, mariaXID(ev.RawData)
+		}
+		return nil
 	case *replication.GTIDEvent:
 		return s.begin(mysqlGTID(e.SID, mysql.Tag{}, e.GNO), false)
 	case *replication.GtidTaggedLogEvent:
 		return s.begin(mysqlGTID(e.SID, e.Tag, e.GNO), false)
 	case *replication.QueryEvent:
 		return s.query(ctx, ev, e)
+	case *replication.ExecuteLoadQueryEvent:
+		return s.loadQuery(ev)
+	case *replication.GenericEvent:
+		if isXAPrepare(ev) && s.open {
+			return s.xaPrepared(ctx, ev)
+		}
 	case *replication.XIDEvent:
 		if !s.open {
 			if err := s.begin(gtidRef{}, true); err != nil {
@@ -162,10 +186,8 @@ func mysqlGTID(sid []byte, tag mysql.Tag, gno int64) gtidRef {
 // "standalone"; MySQL DML follows its GTID with BEGIN).
 func (s *session) begin(g gtidRef, explicit bool) error {
 	if s.open && s.rows > 0 && !s.skipTxn {
-		// Not expected from MySQL or MariaDB except for XA transactions
-		// (prepared, then committed by a later "XA COMMIT" group), which
-		// the tailer does not support: their rows were delivered without
-		// a Commit of their own.
+		// Not expected from MySQL or MariaDB: every group ends with XID,
+		// COMMIT, ROLLBACK or (XA prepare) an XA_PREPARE event.
 		s.t.log.Warn("transaction ended without XID or COMMIT; its rows are counted in no Commit",
 			zap.String("transaction", s.txnID), zap.Int("rows", s.rows))
 	}
@@ -209,8 +231,7 @@ func (s *session) contains(g gtidRef) bool {
 
 func (s *session) query(ctx context.Context, ev *replication.BinlogEvent, e *replication.QueryEvent) error {
 	q := bytes.TrimSpace(e.Query)
-	switch {
-	case bytes.EqualFold(q, []byte("BEGIN")):
+	if bytes.EqualFold(q, []byte("BEGIN")) {
 		if !s.open {
 			if err := s.begin(gtidRef{}, true); err != nil {
 				return err
@@ -218,22 +239,57 @@ func (s *session) query(ctx context.Context, ev *replication.BinlogEvent, e *rep
 		}
 		s.explicit = true
 		return nil
-	case s.open && s.explicit:
-		// Inside BEGIN … COMMIT: COMMIT (non-transactional engines) or
-		// ROLLBACK ends it; other statements (SAVEPOINT …) are part of it.
-		if hasPrefixFold(q, "COMMIT") || hasPrefixFold(q, "ROLLBACK") {
-			return s.commit(ctx, ev)
-		}
-		return nil
-	default:
-		// A statement that is its own transaction (DDL).
-		if !s.open {
-			if err := s.begin(gtidRef{}, false); err != nil {
-				return err
-			}
-		}
-		return s.commit(ctx, ev)
 	}
+	if !s.open {
+		// A statement that is its own transaction (DDL).
+		if err := s.begin(gtidRef{}, false); err != nil {
+			return err
+		}
+	}
+	if verb, xid, onePhase := xaStatement(q); verb != "" {
+		return s.xaQuery(ctx, ev, verb, xid, onePhase)
+	}
+	if !s.skipTxn && writesOutbox(q, string(e.Schema), s.t.cfg.Schema, s.t.cfg.Table) {
+		return s.statementError(q)
+	}
+	return s.commitIfLast(ctx, ev, q)
+}
+
+// commitIfLast ends the transaction at q when q is its last statement:
+// inside BEGIN … COMMIT at COMMIT (non-transactional engines) or ROLLBACK
+// (other statements, SAVEPOINT …, are part of it); else q is the whole
+// transaction (DDL).
+func (s *session) commitIfLast(ctx context.Context, ev *replication.BinlogEvent, q []byte) error {
+	if s.explicit && !hasPrefixFold(q, "COMMIT") && !hasPrefixFold(q, "ROLLBACK") {
+		return nil
+	}
+	return s.commit(ctx, ev)
+}
+
+// loadQuery handles a statement-logged LOAD DATA (EXECUTE_LOAD_QUERY): like
+// any statement, one into the outbox table stops the stream.
+func (s *session) loadQuery(ev *replication.BinlogEvent) error {
+	if !s.open || s.skipTxn || len(ev.RawData) < 19 {
+		return nil
+	}
+	body := ev.RawData[19:]
+	if s.checksum && len(body) >= 4 {
+		body = body[:len(body)-4]
+	}
+	db, q, ok := loadQuery(body)
+	if ok && writesOutbox(q, string(db), s.t.cfg.Schema, s.t.cfg.Table) {
+		return s.statementError(q)
+	}
+	return nil
+}
+
+func (s *session) statementError(q []byte) error {
+	const max = 200
+	text := string(q)
+	if len(text) > max {
+		text = text[:max] + "…"
+	}
+	return &StatementError{Schema: s.t.cfg.Schema, Table: s.t.cfg.Table, GTID: s.txnID, Statement: text}
 }
 
 func hasPrefixFold(b []byte, prefix string) bool {
@@ -253,10 +309,14 @@ func (s *session) rowsEvent(ctx context.Context, ev *replication.BinlogEvent, e 
 	if s.skipTxn || !isWriteRows(ev.Header.EventType) || e.Rows == nil || !s.t.isOutbox(e.Table) {
 		return nil
 	}
+	if s.xa {
+		s.xaRows += len(e.Rows) // held back until the decision (xa.go)
+		return nil
+	}
 	if s.colMap == nil || s.colMap.tme != e.Table {
 		m, err := mapColumns(e.Table)
 		if err != nil {
-			return err
+			return s.schemaError(err, e.Table)
 		}
 		s.colMap = m
 	}
@@ -271,7 +331,7 @@ func (s *session) rowsEvent(ctx context.Context, ev *replication.BinlogEvent, e 
 		}
 		rec, err := s.colMap.record(row, skipped)
 		if err != nil {
-			return fmt.Errorf("transaction %s, outbox row %d: %w", s.txnID, s.rows, err)
+			return fmt.Errorf("transaction %s, outbox row %d: %w", s.txnID, s.rows, s.schemaError(err, e.Table))
 		}
 		if s.txnGTID.valid() {
 			rec.GTID = s.txnID
@@ -282,6 +342,17 @@ func (s *session) rowsEvent(ctx context.Context, ev *replication.BinlogEvent, e 
 		}
 	}
 	return nil
+}
+
+// schemaError completes a *SchemaError with the transaction and the table
+// map's columns; other errors pass unchanged.
+func (s *session) schemaError(err error, tme *replication.TableMapEvent) error {
+	var se *SchemaError
+	if errors.As(err, &se) {
+		se.GTID = s.txnID
+		se.Columns = tme.ColumnNameString()
+	}
+	return err
 }
 
 func (s *session) commit(ctx context.Context, ev *replication.BinlogEvent) error {

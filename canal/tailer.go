@@ -54,7 +54,8 @@ func New(cfg Config) (*Tailer, error) {
 
 // Run streams from `from` (exclusive: the first transaction delivered is the
 // one after it) until ctx ends (it then returns ctx.Err()) or a fatal error:
-// *PurgedError, *AccessError, *SchemaError, *PreflightError, *DivergedError,
+// *PurgedError, *AccessError, *SchemaError, *StatementError,
+// *XACommitError, *PreflightError, *DivergedError,
 // *HandlerError, a *StopError from Config.CheckServer, or an undecodable
 // event. Every other error (connection
 // refused or reset, read timeout, server restart) is retried inside Run with
@@ -285,6 +286,8 @@ func (t *Tailer) fatal(ctx context.Context, err error, s *session) error {
 		pe   *PreflightError
 		stop *StopError
 		se   *SchemaError
+		ste  *StatementError
+		xae  *XACommitError
 		he   *HandlerError
 		de   *DivergedError
 		ee   *replication.EventError
@@ -294,7 +297,7 @@ func (t *Tailer) fatal(ctx context.Context, err error, s *session) error {
 	switch {
 	case errors.As(err, &stop):
 		return fmt.Errorf("canal: %w", err)
-	case errors.As(err, &pe), errors.As(err, &se), errors.As(err, &he), errors.As(err, &de):
+	case errors.As(err, &pe), errors.As(err, &se), errors.As(err, &ste), errors.As(err, &xae), errors.As(err, &he), errors.As(err, &de):
 		return fmt.Errorf("canal: %w", err)
 	case errors.As(err, &fe):
 		return fmt.Errorf("canal: %w", fe.err)

@@ -250,7 +250,7 @@ func check(ctx context.Context, conn *sql.Conn, schema, table string, wantPartit
 			return fmt.Errorf("migrate: %w", err)
 		}
 		if !p {
-			return &SchemaError{Role: "outbox table", Table: table, Got: "not partitioned", Want: "partitioned by day on created_at",
+			return &SchemaError{Role: outboxRole, Table: table, Got: "not partitioned", Want: "partitioned by day on created_at",
 				Hint: "migrate does not convert an existing table; repartition it yourself (ALTER TABLE ... PARTITION BY RANGE COLUMNS(created_at) ..., with PRIMARY KEY (id, created_at)) or migrate without --partitioned"}
 		}
 	}

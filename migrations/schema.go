@@ -5,12 +5,16 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
 // column is one expected column: its name and its type as
 // information_schema.COLUMNS.COLUMN_TYPE shows it, normalised by normType.
 type column struct{ name, typ string }
+
+// outboxRole is the role of the outbox table in errors and checks.
+const outboxRole = "outbox table"
 
 // shape is a table the relay needs and the columns it must have.
 type shape struct {
@@ -50,7 +54,7 @@ func shapes(outboxTable string) []shape {
 		column{"failed_at", "datetime(6)"},
 	)
 	return []shape{
-		{"outbox table", outboxTable, outboxCols},
+		{outboxRole, outboxTable, outboxCols},
 		{"table", ProgressTable, []column{
 			{"relay_name", "varchar(255)"},
 			{"outbox_table", "varchar(64)"},
@@ -252,11 +256,7 @@ func checkColumns(role, table string, want []column, got map[string]foundColumn,
 		if !ok {
 			return &SchemaError{Role: role, Table: table, Column: c.name, Want: c.typ}
 		}
-		typeOK := f.typ == c.typ ||
-			// MariaDB's JSON is an alias of LONGTEXT (with a JSON_VALID
-			// check); the relay reads either as text.
-			(c.typ == "json" && f.typ == "longtext")
-		if !typeOK {
+		if !typeFits(role, f.typ, c.typ) {
 			return &SchemaError{Role: role, Table: table, Column: c.name, Got: f.typ, Want: c.typ}
 		}
 		// Partition keys and routing keys are arbitrary UTF-8; a latin1 or
@@ -267,6 +267,31 @@ func checkColumns(role, table string, want []column, got map[string]foundColumn,
 		}
 	}
 	return nil
+}
+
+// typeFits reports whether a column of type got serves where want is
+// expected: the same type; MariaDB's JSON, an alias of LONGTEXT (with a
+// JSON_VALID check), which the relay reads as text; a VARCHAR widened
+// (ALTER … MODIFY, a migration tool's change), which holds every value the
+// narrower one did; and, in the outbox table, any BLOB type for a BLOB (a
+// payload column narrowed to MEDIUMBLOB bounds the producers' payloads,
+// not what the relay can read).
+func typeFits(role, got, want string) bool {
+	switch {
+	case got == want, want == "json" && got == "longtext":
+		return true
+	case strings.HasPrefix(want, "varchar(") && strings.HasPrefix(got, "varchar("):
+		return varcharLen(got) >= varcharLen(want)
+	case role == outboxRole && strings.HasSuffix(want, "blob") && strings.HasSuffix(got, "blob"):
+		return true
+	}
+	return false
+}
+
+// varcharLen is N of "varchar(N)", 0 when unreadable.
+func varcharLen(t string) int {
+	n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(t, "varchar("), ")"))
+	return n
 }
 
 // querier is what the checks need from a *sql.Conn.
