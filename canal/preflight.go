@@ -117,7 +117,6 @@ func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 	if err := CheckConnection(ctx, cfg); err != nil {
 		return fmt.Errorf("preflight: %w", err)
 	}
-	log := cfg.Logger.Named("canal")
 	flavor := cfg.Flavor
 	if flavor == "" {
 		var err error
@@ -125,48 +124,17 @@ func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 			return err
 		}
 	}
-
-	var logBin, format, image string
-	var serverID uint32
-	err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.log_bin, @@GLOBAL.binlog_format, @@GLOBAL.binlog_row_image, @@GLOBAL.server_id").
-		Scan(&logBin, &format, &image, &serverID)
-	if err != nil {
-		return fmt.Errorf("preflight: read binlog settings: %w", err)
-	}
 	// Every failing setting and grant is collected, so one run names all
 	// the fixes instead of one per restart.
-	var fails PreflightErrors
-	if logBin != "1" && !strings.EqualFold(logBin, "ON") {
-		fails = append(fails, &PreflightError{Check: CheckLogBin, Problem: "log_bin is OFF (the server writes no binlog)",
-			Fix: "enable the binary log: my.cnf [mysqld] log-bin=<name>, then restart the server (log_bin cannot change at runtime)"})
+	fails, serverID, err := checkSettings(ctx, db)
+	if err != nil {
+		return err
 	}
-	if !strings.EqualFold(format, "ROW") {
-		fails = append(fails, &PreflightError{Check: CheckFormat, Problem: "binlog_format is " + format,
-			Fix: "set binlog_format=ROW (my.cnf [mysqld] binlog-format=ROW, or SET GLOBAL binlog_format='ROW')"})
-	}
-	if !strings.EqualFold(image, "FULL") {
-		fails = append(fails, &PreflightError{Check: CheckRowImage, Problem: "binlog_row_image is " + image,
-			Fix: "set binlog_row_image=FULL (my.cnf [mysqld] binlog-row-image=FULL, or SET GLOBAL binlog_row_image='FULL')"})
-	}
-	var meta string
-	if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.binlog_row_metadata").Scan(&meta); err != nil {
-		var me *driver.MySQLError
-		if !errors.As(err, &me) || me.Number != 1193 { // unknown system variable
-			return fmt.Errorf("preflight: read binlog_row_metadata: %w", err)
-		}
-		fails = append(fails, &PreflightError{Check: CheckRowMetadata, Problem: "the server has no binlog_row_metadata (too old)",
-			Fix: "use MySQL 8.0.1+ or MariaDB 10.5+ and set binlog_row_metadata=FULL"})
-	} else if !strings.EqualFold(meta, "FULL") {
-		fails = append(fails, &PreflightError{Check: CheckRowMetadata, Problem: "binlog_row_metadata is " + meta,
-			Fix: "set binlog_row_metadata=FULL (my.cnf [mysqld] binlog-row-metadata=FULL, or SET GLOBAL binlog_row_metadata='FULL')"})
-	}
-
 	grantFails, err := checkGrants(ctx, db, flavor)
 	if err != nil {
 		return err
 	}
 	fails = append(fails, grantFails...)
-
 	if cfg.ServerID == serverID {
 		fails = append(fails, &PreflightError{Check: CheckServerID,
 			Problem: fmt.Sprintf("server id %d is the server's own @@server_id", cfg.ServerID),
@@ -179,12 +147,79 @@ func Preflight(ctx context.Context, db *sql.DB, cfg Config) error {
 	default:
 		// The clash with other replicas (below) is checked once these are
 		// fixed: it may wait for a stale registration to go.
-		return fails
+		return PreflightErrors(fails)
 	}
-	// A relay restarted right after a crash finds its own dead binlog
-	// connection still registered under its id: the server only notices the
-	// dead peer when a heartbeat write fails. So a clash counts only when it
-	// outlasts two heartbeat periods; a live client keeps its registration.
+	return awaitServerIDFree(ctx, db, cfg, flavor)
+}
+
+// checkSettings reads the server's GLOBAL binlog settings and returns a
+// *PreflightError for each that binlog mode cannot work with (log_bin,
+// binlog_format, binlog_row_image, binlog_row_metadata, in that order), and
+// the server's own @@server_id. A failed read is the error.
+func checkSettings(ctx context.Context, db *sql.DB) ([]*PreflightError, uint32, error) {
+	var logBin, format, image string
+	var serverID uint32
+	err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.log_bin, @@GLOBAL.binlog_format, @@GLOBAL.binlog_row_image, @@GLOBAL.server_id").
+		Scan(&logBin, &format, &image, &serverID)
+	if err != nil {
+		return nil, 0, fmt.Errorf("preflight: read binlog settings: %w", err)
+	}
+	var fails []*PreflightError
+	if logBin != "1" && !strings.EqualFold(logBin, "ON") {
+		fails = append(fails, &PreflightError{Check: CheckLogBin, Problem: "log_bin is OFF (the server writes no binlog)",
+			Fix: "enable the binary log: my.cnf [mysqld] log-bin=<name>, then restart the server (log_bin cannot change at runtime)"})
+	}
+	if !strings.EqualFold(format, "ROW") {
+		fails = append(fails, &PreflightError{Check: CheckFormat, Problem: "binlog_format is " + format,
+			Fix: "set binlog_format=ROW (my.cnf [mysqld] binlog-format=ROW, or SET GLOBAL binlog_format='ROW')"})
+	}
+	if !strings.EqualFold(image, "FULL") {
+		fails = append(fails, &PreflightError{Check: CheckRowImage, Problem: "binlog_row_image is " + image,
+			Fix: "set binlog_row_image=FULL (my.cnf [mysqld] binlog-row-image=FULL, or SET GLOBAL binlog_row_image='FULL')"})
+	}
+	metaFail, err := checkRowMetadata(ctx, db)
+	if err != nil {
+		return nil, 0, err
+	}
+	if metaFail != nil {
+		fails = append(fails, metaFail)
+	}
+	return fails, serverID, nil
+}
+
+// checkRowMetadata returns a *PreflightError when binlog_row_metadata is
+// not FULL or the server has no such variable (too old), nil when it is
+// FULL; a failed read is the error.
+func checkRowMetadata(ctx context.Context, db *sql.DB) (*PreflightError, error) {
+	var meta string
+	if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.binlog_row_metadata").Scan(&meta); err != nil {
+		var me *driver.MySQLError
+		if !errors.As(err, &me) || me.Number != 1193 { // unknown system variable
+			return nil, fmt.Errorf("preflight: read binlog_row_metadata: %w", err)
+		}
+		return &PreflightError{Check: CheckRowMetadata, Problem: "the server has no binlog_row_metadata (too old)",
+			Fix: "use MySQL 8.0.1+ or MariaDB 10.5+ and set binlog_row_metadata=FULL"}, nil
+	}
+	if !strings.EqualFold(meta, "FULL") {
+		return &PreflightError{Check: CheckRowMetadata, Problem: "binlog_row_metadata is " + meta,
+			Fix: "set binlog_row_metadata=FULL (my.cnf [mysqld] binlog-row-metadata=FULL, or SET GLOBAL binlog_row_metadata='FULL')"}, nil
+	}
+	return nil, nil
+}
+
+// awaitServerIDFree returns nil when no other registered replica or binlog
+// client uses cfg.ServerID, when the one that does is this relay's own
+// leader (cfg.OwnServerID), or when the replicas cannot be listed (the
+// reason goes to cfg.OnServerIDUnchecked, or is logged as a warning); the
+// clash as a *PreflightError when it outlasts two heartbeat periods; ctx's
+// error when ctx ends first.
+//
+// A relay restarted right after a crash finds its own dead binlog
+// connection still registered under its id: the server only notices the
+// dead peer when a heartbeat write fails. So a clash counts only when it
+// outlasts two heartbeat periods; a live client keeps its registration.
+func awaitServerIDFree(ctx context.Context, db *sql.DB, cfg Config, flavor string) error {
+	log := cfg.Logger.Named("canal")
 	deadline := time.Now().Add(2*cfg.HeartbeatPeriod + time.Second)
 	for {
 		clash, err := serverIDClash(ctx, db, cfg.ServerID)

@@ -80,6 +80,17 @@
 // partition at that time (docs/operations.md, "Delayed messages"). Rows with an empty partition_key have no
 // order and are claimed freely.
 //
+// # Files
+//
+// poller.go holds the API (New, Run, RunUntil, Drain, DrainUntil, the
+// errors) and starts and ends a call's workers; worker.go a worker's loop
+// between rounds (retries, waits, stop); round.go one round (candidates and
+// their cursor, publish, acknowledge, fence, commit); claim.go the claim of
+// a round's heads and their followers, and how deep a round goes;
+// commits.go how the workers of a call wait for each other's commits;
+// session.go a worker's connection and its poll lock; query.go the SQL;
+// delayed.go the DelayedSweeper of binlog mode; config.go Config.
+//
 // docs/poller.md has the SQL, the EXPLAIN plans behind the indexes it
 // needs (idx_head, idx_partition_id, idx_due of migrations/sql) and the
 // measurements.

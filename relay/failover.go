@@ -23,7 +23,7 @@ import (
 type LostGTIDsError struct {
 	Server     string            // host:port of the server
 	Checkpoint position.Position // what the relay had published
-	From       string            // where Checkpoint comes from (this process, the state file, the progress row)
+	From       string            // where Checkpoint comes from (this process, the state file, the file then this process, the progress row)
 	Executed   string            // the server's @@gtid_binlog_state / @@gtid_executed
 	Missing    string            // the part of Checkpoint the server lacks (position.Missing)
 	// Transactions are the GTIDs of the transactions the process remembers
@@ -241,6 +241,9 @@ func (f *failoverCheck) lossOn(ctx context.Context, stored position.Position) (*
 	}
 	if missing == "" {
 		return nil, nil
+	}
+	if src := f.published.loadedLacking(executed); src != "" && src != from {
+		from = src + ", then " + from // what the server lacks came from the file too
 	}
 	lostErr := &LostGTIDsError{Server: f.server.Addr(), Checkpoint: cp, From: from,
 		Executed: executed, Missing: missing}

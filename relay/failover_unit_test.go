@@ -110,7 +110,7 @@ func TestUnitFailoverCheckStateFile(t *testing.T) {
 	f.acked(mariaPos("0-1-7"))
 	f.save()
 
-	fresh, _ := newUnitFailover(t, "0-1-6", false)
+	fresh, srv := newUnitFailover(t, "0-1-6", false)
 	fresh.state = &stateFile{path: path, relayName: "orders"}
 	if err := fresh.load(); err != nil {
 		t.Fatalf("load: %v", err)
@@ -119,6 +119,28 @@ func TestUnitFailoverCheckStateFile(t *testing.T) {
 	var le *LostGTIDsError
 	if !errors.As(err, &le) || !strings.Contains(le.From, "Config.StateFile") {
 		t.Fatalf("fresh process on a server lacking 0-1-7: %v, want a refusal from the state file", err)
+	}
+
+	// The fresh process publishes more on a server that holds everything,
+	// then resumes on one that lacks what the file held: the refusal still
+	// names the file, and this process for what it added.
+	fresh.startTerm(position.FlavorMariaDB)
+	srv.executed = "0-1-8"
+	if lost, err := fresh.checkNotLost(ctx, mariaPos("0-1-6")); lost || err != nil {
+		t.Fatalf("fresh process on a server holding the file's position: lost %v, %v; want it accepted", lost, err)
+	}
+	fresh.sent(sentRec("0-1-8", 1))
+	fresh.acked(mariaPos("0-1-8"))
+	srv.executed = "0-1-6"
+	_, err = fresh.checkNotLost(ctx, mariaPos("0-1-6"))
+	if !errors.As(err, &le) || !strings.Contains(le.From, "Config.StateFile "+path) || !strings.Contains(le.From, "published by this process") {
+		t.Fatalf("after publishing more, on a server lacking the file's 0-1-7: %v, want a refusal naming the state file and this process", err)
+	}
+	// A server lacking only what this process added: the file is not named.
+	srv.executed = "0-1-7"
+	_, err = fresh.checkNotLost(ctx, mariaPos("0-1-6"))
+	if !errors.As(err, &le) || le.From != "published by this process" {
+		t.Fatalf("on a server lacking only 0-1-8: %v (from %q), want a refusal from this process alone", err, le.From)
 	}
 
 	other := &failoverCheck{log: zaptest.NewLogger(t), server: &fakeServer{}, state: &stateFile{path: path, relayName: "billing"}}

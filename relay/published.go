@@ -35,6 +35,11 @@ type publishedLog struct {
 	from     string          // where the set's content came from, for the refusal
 	unfolded []string        // GTIDs sent since the last fold
 	changed  bool            // the position moved since the last take
+	// loaded is the position load started the log from (the state file's)
+	// and loadedFrom its source: from names only the latest source, and a
+	// refusal must still name the file when what a server lacks came from it.
+	loaded     position.Position
+	loadedFrom string
 
 	txns       map[string]*sentTxn // the transactions in recent, by GTID
 	recent     []*sentTxn          // oldest first
@@ -127,7 +132,24 @@ func (l *publishedLog) load(p position.Position, from string) error {
 		return err
 	}
 	l.changed = false // it is what the file holds
+	l.loaded, l.loadedFrom = p, from
 	return nil
+}
+
+// loadedLacking returns the source given to load when a server whose
+// executed GTIDs are executed lacks part of the position load started the
+// log from; "" when it holds it all or nothing was loaded.
+func (l *publishedLog) loadedLacking(executed string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.loaded.GTIDSet == "" {
+		return ""
+	}
+	missing, err := position.Missing(l.loaded.Flavor, executed, l.loaded)
+	if err != nil || missing == "" {
+		return ""
+	}
+	return l.loadedFrom
 }
 
 // addLocked folds a GTID set into the set; from names the source when the
@@ -220,6 +242,7 @@ func (l *publishedLog) reset() {
 
 func (l *publishedLog) resetLocked() {
 	l.set, l.from, l.changed = nil, "", false
+	l.loaded, l.loadedFrom = position.Position{}, ""
 	l.unfolded = nil
 	l.txns, l.recent, l.recentRows = nil, nil, 0
 }

@@ -13,14 +13,20 @@ import (
 )
 
 // stateFile is Config.StateFile: the newest position this process
-// acknowledged, kept on local disk so that a process started fresh (after a
+// published, kept on local disk so that a process started fresh (after a
 // restart, or against a promoted replica) checks a lossy failover against
-// what it published rather than only the replicated progress row.
+// what it published rather than only the replicated progress row. The
+// position is publishedLog's: the GTIDs of every transaction of which at
+// least one message was handed to the broker, confirmed or not, and of every
+// acknowledged position, folded into one GTID set (stateJSON, with the relay
+// name and the flavor). A process that loads the file starts its
+// publishedLog from it and names the file in a refusal.
 //
-// It is written after every acknowledgement that moves the position, by
-// writing a temporary file and renaming it over the old one, without fsync:
-// it survives the process being killed, and after a crash of the host it
-// may lag by what the page cache held.
+// failoverCheck.save writes it whenever that position moved since the last
+// write (its comment says when it runs), by writing a temporary file and
+// renaming it over the old one, without fsync: it survives the process being
+// killed, and after a crash of the host it may lag by what the page cache
+// held.
 type stateFile struct {
 	path      string
 	relayName string

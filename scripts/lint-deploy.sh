@@ -4,9 +4,11 @@
 # rules load and their unit tests pass (promtool, Debian package prometheus),
 # and docker-compose.yml parses (docker-compose, Debian package
 # docker-compose), and the Kubernetes manifests of deploy/kubernetes render
-# with kustomize, decode strictly into the API types and reference only what
-# they define (deploy/kubernetes/check, its own Go module; no cluster; its
-# modules come from the Go module proxy once, then from the module cache).
+# with kustomize, decode strictly into the API types, reference only what
+# they define, run the migrate Job as a MySQL user other than the relay's,
+# and take an edit of a config file or a password without changing the Job
+# (deploy/kubernetes/check, its own Go module; no cluster; its modules come
+# from the Go module proxy once, then from the module cache).
 # Missing tools are installed with apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -9,10 +9,15 @@ import (
 // defaultAMQPURL is --amqp-url's default: the local broker as guest.
 const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
 
-// declareAMQP declares --amqp-url and the TLS and password-file flags that
-// go with it, the same in every command that connects to RabbitMQ.
-func declareAMQP(fs *flag.FlagSet, url *string, o *publish.ConnOptions) {
-	fs.StringVar(url, "amqp-url", defaultAMQPURL, "RabbitMQ `url` amqp://user:pass@host:5672/vhost, or amqps://…:5671/ for TLS")
+// singleAMQPURL is --amqp-url's usage for a command that dials one URL.
+const singleAMQPURL = "RabbitMQ `url` amqp://user:pass@host:5672/vhost, or amqps://…:5671/ for TLS"
+
+// declareAMQP declares --amqp-url with urlUsage (what the command does with
+// it: one URL, or a list of a cluster's nodes) and the TLS and password-file
+// flags that go with it, the same in every command that connects to
+// RabbitMQ.
+func declareAMQP(fs *flag.FlagSet, url *string, o *publish.ConnOptions, urlUsage string) {
+	fs.StringVar(url, "amqp-url", defaultAMQPURL, urlUsage)
 	fs.StringVar(&o.TLSCA, "amqp-tls-ca", "", "PEM `file` of the CA certificates that verify the broker's certificate (amqps://; default: the system's)")
 	fs.StringVar(&o.TLSCert, "amqp-tls-cert", "", "PEM `file` of a client certificate for the broker, with --amqp-tls-key; without a password the login is EXTERNAL, as the user the broker takes from the certificate")
 	fs.StringVar(&o.TLSKey, "amqp-tls-key", "", "PEM `file` of the unencrypted key of --amqp-tls-cert")

@@ -43,7 +43,7 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	var asJSON bool
 	var modes, shapes string
 	my := declareMySQL(fs, "root@tcp(127.0.0.1:3308)/bench", "binlog-enabled MySQL/MariaDB `dsn`; its outbox is emptied")
-	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
+	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions, "RabbitMQ `url` amqp://user:pass@host:5672/vhost, or amqps://…:5671/ for TLS; several URLs separated by commas for the nodes of a cluster: the relay under test gets them all, bench's own publisher and consumer use the first")
 	fs.StringVar(&modes, "modes", "binlog,poll", "comma-separated relay modes to measure side by side")
 	fs.Float64Var(&cfg.Rate, "latency-rate", 500, "messages per second in the latency phase (a target; replay's --rate is a limit)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase")

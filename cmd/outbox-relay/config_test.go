@@ -243,6 +243,7 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"--help"}, nil, exitOK, "migrate", ""},
 		{[]string{"help", "migrate"}, nil, exitOK, "OUTBOX_RELAY_MYSQL_DSN", ""},
 		{[]string{"migrate", "--help"}, nil, exitOK, "--partitioned", ""},
+		{[]string{"run", "--help"}, nil, exitOK, "several URLs separated by commas for the nodes of a cluster", ""},
 		{[]string{"version", "-h"}, nil, exitOK, "Usage: outbox-relay version", ""},
 		{[]string{"frobnicate"}, nil, exitUsage, "", `unknown command "frobnicate"`},
 		{[]string{"migrate", "--no-such-flag"}, nil, exitUsage, "", "no-such-flag"},

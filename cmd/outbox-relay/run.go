@@ -50,7 +50,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	maxMessage := byteSize(relay.DefaultAMQPMaxMessageSize)
 	var serverID uint
 	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user's grants: docs/operations.md, Grants per role")
-	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions)
+	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions, "RabbitMQ `url` amqp://user:pass@host:5672/vhost, or amqps://…:5671/ for TLS; several URLs separated by commas for the nodes of a cluster: the relay connects to the first that answers and, when that connection is lost, dials the next")
 	declareTable(fs, &cfg.Table)
 	declareRelayName(fs, &cfg.RelayName, relay.DefaultRelayName, "relay `name`: one leader per name, one progress row per name")
 	fs.UintVar(&serverID, "server-id", 0, "replica server `id` the relay reads the binlog as; unique among the server's replicas (0 = derived from --relay-name)")

@@ -174,7 +174,9 @@ func TestReadPasswordFile(t *testing.T) {
 
 // A rotated password is picked up at the next new connection, SQL and
 // binlog alike, without a new Target (no restart): the file is read at each
-// connection.
+// connection. The file is in the layout of a mounted Kubernetes Secret
+// (secretVolume), rotated once by writing it and once as the kubelet
+// updates a Secret that changed.
 func TestPasswordFileRotation(t *testing.T) {
 	db := testenv.MySQL(t)
 	ctx := testenv.Context(t, time.Minute)
@@ -188,7 +190,9 @@ func TestPasswordFileRotation(t *testing.T) {
 	exec(fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY 'first-pw'", user))
 	t.Cleanup(func() { db.SQL.Exec(fmt.Sprintf("DROP USER '%s'@'%%'", user)) })
 	exec(fmt.Sprintf("GRANT SELECT ON `%s`.* TO '%s'@'%%'", db.Name, user))
-	pwFile := writeFile(t, "pw", "first-pw\n")
+	secret := secretVolume{t: t, dir: t.TempDir()}
+	secret.update("first-pw\n")
+	pwFile := filepath.Join(secret.dir, "mysql-password")
 	target, err := New(Options{DSN: fmt.Sprintf("%s@tcp(%s:%d)/%s", user, db.Host, db.Port, db.Name), PasswordFile: pwFile})
 	if err != nil {
 		t.Fatal(err)
@@ -217,4 +221,41 @@ func TestPasswordFileRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("after rotating the password and the file")
+	exec(fmt.Sprintf("ALTER USER '%s'@'%%' IDENTIFIED BY 'third-pw'", user))
+	secret.update("third-pw")
+	check("after rotating the password and the Secret")
+}
+
+// secretVolume lays out a directory as the kubelet does a mounted Secret
+// with the key mysql-password: the file is a symlink to ..data/mysql-password,
+// ..data a symlink to a directory of the current content. update writes new
+// content into a new directory and swaps ..data over to it with a rename,
+// the kubelet's atomic update: the file's path never changes.
+type secretVolume struct {
+	t   *testing.T
+	dir string
+	n   int
+}
+
+func (v *secretVolume) update(password string) {
+	v.t.Helper()
+	v.n++
+	content := fmt.Sprintf("..content_%d", v.n)
+	if err := os.Mkdir(filepath.Join(v.dir, content), 0o755); err != nil {
+		v.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(v.dir, content, "mysql-password"), []byte(password), 0o600); err != nil {
+		v.t.Fatal(err)
+	}
+	if err := os.Symlink(content, filepath.Join(v.dir, "..data_tmp")); err != nil {
+		v.t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(v.dir, "..data_tmp"), filepath.Join(v.dir, "..data")); err != nil {
+		v.t.Fatal(err)
+	}
+	if v.n == 1 {
+		if err := os.Symlink(filepath.Join("..data", "mysql-password"), filepath.Join(v.dir, "mysql-password")); err != nil {
+			v.t.Fatal(err)
+		}
+	}
 }

@@ -1,7 +1,9 @@
 // Package check decodes the Kubernetes manifests of deploy/kubernetes strictly
-// into the Kubernetes API types and checks the references between them,
-// offline: no cluster, no network (make lint, scripts/lint-deploy.sh). It is
-// its own module so that the main module does not depend on the Kubernetes
+// into the Kubernetes API types and checks the references between them, the
+// migrate Job's own MySQL user and Secret, and what `kubectl apply -k` would
+// change after an edit of a config file or a password (TestEdits), offline:
+// no cluster, no network (make lint, scripts/lint-deploy.sh). It is its own
+// module so that the main module does not depend on the Kubernetes
 // libraries.
 package check
 
@@ -31,9 +33,13 @@ import (
 
 var update = flag.Bool("update", false, "write base/prometheusrule.yaml from deploy/alerts.yml")
 
-// userSecret is the Secret the base references and leaves to the user (an
-// overlay or the user's secret store provides it).
-const userSecret = "outbox-relay-credentials"
+// The Secrets the base references and leaves to the user (an overlay or the
+// user's secret store provides them): the relay's passwords, mounted by the
+// Deployment's pods, and the migrate Job's.
+const (
+	relaySecret   = "outbox-relay-credentials"
+	migrateSecret = "outbox-relay-migrate-credentials"
+)
 
 // kustomizations are the directories rendered, relative to deploy/kubernetes,
 // and whether the user's Secret must be among what they render.
@@ -44,6 +50,9 @@ var kustomizations = []struct {
 	{"base", false},
 	{"overlays/example", true},
 }
+
+// exampleOverlay is the overlay TestEdits edits: one that defines the Secrets.
+const exampleOverlay = "overlays/example"
 
 // object is one rendered manifest decoded into its API type.
 type object struct {
@@ -70,8 +79,14 @@ func newScheme(t *testing.T) *runtime.Scheme {
 // every object strictly: a field the API type does not know fails.
 func render(t *testing.T, dir string) []object {
 	t.Helper()
+	return renderFS(t, filesys.MakeFsOnDisk(), filepath.Join("..", dir), dir)
+}
+
+// renderFS is render of path on fsys; dir names it in messages.
+func renderFS(t *testing.T, fsys filesys.FileSystem, path, dir string) []object {
+	t.Helper()
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	rm, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join("..", dir))
+	rm, err := k.Run(fsys, path)
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
@@ -107,6 +122,8 @@ func TestManifests(t *testing.T) {
 			checkReferences(t, objs, k.definesSecret)
 			checkDeployment(t, objs)
 			checkConfig(t, objs)
+			checkMigrateJob(t, objs)
+			checkFixedNames(t, objs, baseReferences(t))
 			checkRules(t, objs)
 		})
 	}
@@ -152,7 +169,7 @@ func checkReferences(t *testing.T, objs []object, definesSecret bool) {
 		if d[kind][name] {
 			return
 		}
-		if kind == "Secret" && !definesSecret && name == userSecret {
+		if kind == "Secret" && !definesSecret && (name == relaySecret || name == migrateSecret) {
 			return
 		}
 		t.Errorf("%s references %s %q, which is not defined", where, kind, name)
@@ -329,11 +346,41 @@ func checkDeployment(t *testing.T, objs []object) {
 	}
 }
 
-// checkConfig: the relay's config.yaml in the ConfigMap a workload mounts
-// holds no flag that is refused from a file, keeps mode auto, and names files
-// that the pod mounts: the passwords in the Secret's volume, the state file in
-// a writable emptyDir.
-func checkConfig(t *testing.T, objs []object) {
+// configPath is where every workload's container reads its config file.
+const configPath = "/etc/outbox-relay/config.yaml"
+
+// mounted is a volume as a container mounts it.
+type mounted struct {
+	vol   corev1.Volume
+	mount corev1.VolumeMount
+}
+
+// mountsOf maps the mount paths of container c of pod template p to what is
+// mounted there.
+func mountsOf(p *corev1.PodTemplateSpec, c corev1.Container) map[string]mounted {
+	mounts := map[string]mounted{}
+	for _, m := range c.VolumeMounts {
+		for _, v := range p.Spec.Volumes {
+			if v.Name == m.Name {
+				mounts[m.MountPath] = mounted{vol: v, mount: m}
+			}
+		}
+	}
+	return mounts
+}
+
+// workloadConfig is the config file one container of a workload reads.
+type workloadConfig struct {
+	where     string // "Kind/name"
+	container string
+	cfg       map[string]any
+	mounts    map[string]mounted
+}
+
+// configs decodes the config.yaml each workload's containers mount at
+// configPath from a rendered ConfigMap; a container that mounts none, or
+// one that does not decode, is reported and left out.
+func configs(t *testing.T, objs []object) []workloadConfig {
 	t.Helper()
 	cms := map[string]*corev1.ConfigMap{}
 	for _, o := range objs {
@@ -341,45 +388,186 @@ func checkConfig(t *testing.T, objs []object) {
 			cms[cm.Name] = cm
 		}
 	}
+	var out []workloadConfig
 	for where, p := range podTemplates(objs) {
 		for _, c := range p.Spec.Containers {
-			mounts := map[string]corev1.Volume{} // mount path -> volume
-			for _, m := range c.VolumeMounts {
-				for _, v := range p.Spec.Volumes {
-					if v.Name == m.Name {
-						mounts[m.MountPath] = v
-					}
-				}
-			}
-			v, ok := mounts["/etc/outbox-relay/config.yaml"]
-			if !ok || v.ConfigMap == nil || cms[v.ConfigMap.Name] == nil {
-				t.Errorf("%s: container %s does not mount a rendered ConfigMap at /etc/outbox-relay/config.yaml", where, c.Name)
+			mounts := mountsOf(p, c)
+			v, ok := mounts[configPath]
+			if !ok || v.vol.ConfigMap == nil || cms[v.vol.ConfigMap.Name] == nil {
+				t.Errorf("%s: container %s does not mount a rendered ConfigMap at %s", where, c.Name, configPath)
 				continue
 			}
 			var cfg map[string]any
-			if err := yaml.UnmarshalStrict([]byte(cms[v.ConfigMap.Name].Data["config.yaml"]), &cfg); err != nil {
-				t.Errorf("%s: config.yaml of ConfigMap %s: %v", where, v.ConfigMap.Name, err)
+			if err := yaml.UnmarshalStrict([]byte(cms[v.vol.ConfigMap.Name].Data["config.yaml"]), &cfg); err != nil {
+				t.Errorf("%s: config.yaml of ConfigMap %s: %v", where, v.vol.ConfigMap.Name, err)
 				continue
 			}
-			for _, k := range []string{"accept-lost-gtids", "force", "all"} {
-				if _, ok := cfg[k]; ok {
-					t.Errorf("%s: config.yaml sets %s, which the relay refuses from a file", where, k)
-				}
+			out = append(out, workloadConfig{where: where, container: c.Name, cfg: cfg, mounts: mounts})
+		}
+	}
+	return out
+}
+
+// checkConfig: the config.yaml in the ConfigMap a workload mounts holds no
+// flag that is refused from a file, keeps mode auto, and names files that
+// the pod mounts: the passwords in a Secret's volume mounted as a directory
+// (a subPath mount never sees a rotated Secret), the relay's state file in a
+// writable emptyDir. The relay (the Deployment) has a MySQL and an AMQP
+// password; the migrate Job a MySQL password.
+func checkConfig(t *testing.T, objs []object) {
+	t.Helper()
+	for _, wc := range configs(t, objs) {
+		where, cfg := wc.where, wc.cfg
+		for _, k := range []string{"accept-lost-gtids", "force", "all"} {
+			if _, ok := cfg[k]; ok {
+				t.Errorf("%s: config.yaml sets %s, which the relay refuses from a file", where, k)
 			}
-			if m, ok := cfg["mode"]; ok && m != "auto" {
-				t.Errorf("%s: config.yaml sets mode %v: keep auto (it polls while a hung leader's binlog connection still holds the shared server id)", where, m)
+		}
+		if m, ok := cfg["mode"]; ok && m != "auto" {
+			t.Errorf("%s: config.yaml sets mode %v: keep auto (it polls while a hung leader's binlog connection still holds the shared server id)", where, m)
+		}
+		in := func(key string, ok func(mounted) bool, what string) {
+			f, _ := cfg[key].(string)
+			m, found := wc.mounts[filepath.Dir(f)]
+			if f == "" || !found || !ok(m) {
+				t.Errorf("%s: config.yaml's %s %q is not in %s mounted by container %s", where, key, f, what, wc.container)
 			}
-			in := func(key string, ok func(corev1.Volume) bool, what string) {
-				f, _ := cfg[key].(string)
-				v, found := mounts[filepath.Dir(f)]
-				if f == "" || !found || !ok(v) {
-					t.Errorf("%s: config.yaml's %s %q is not in %s mounted by container %s", where, key, f, what, c.Name)
-				}
+		}
+		secretDir := func(m mounted) bool { return m.vol.Secret != nil && m.mount.SubPath == "" }
+		in("mysql-password-file", secretDir, "a Secret's volume (not a subPath)")
+		if strings.HasPrefix(where, "Deployment/") {
+			in("amqp-password-file", secretDir, "a Secret's volume (not a subPath)")
+			in("state-file", func(m mounted) bool { return m.vol.EmptyDir != nil }, "an emptyDir")
+		}
+	}
+}
+
+// dsnParts splits a go-sql-driver DSN, user[:password]@net(addr)/dbname?params,
+// into its user, its address (net(addr)) and its database.
+func dsnParts(dsn string) (user, addr, db string) {
+	slash := strings.LastIndexByte(dsn, '/')
+	if slash < 0 {
+		return "", dsn, ""
+	}
+	db, _, _ = strings.Cut(dsn[slash+1:], "?")
+	addr = dsn[:slash]
+	if at := strings.LastIndexByte(addr, '@'); at >= 0 {
+		user, _, _ = strings.Cut(addr[:at], ":")
+		addr = addr[at+1:]
+	}
+	return user, addr, db
+}
+
+// checkMigrateJob: the migrate Job logs in as a MySQL user of its own (the
+// relay's cannot create tables, docs/operations.md "Grants per role"), with
+// a password from a Secret the relay's pods do not mount, and migrates what
+// the relay uses: the same server, database and table.
+func checkMigrateJob(t *testing.T, objs []object) {
+	t.Helper()
+	var relay, job *workloadConfig
+	all := configs(t, objs)
+	for i := range all {
+		switch {
+		case strings.HasPrefix(all[i].where, "Deployment/"):
+			relay = &all[i]
+		case strings.HasPrefix(all[i].where, "Job/"):
+			job = &all[i]
+		}
+	}
+	if relay == nil || job == nil {
+		t.Fatalf("want the relay's Deployment and the migrate Job, each with its config file")
+	}
+	str := func(wc *workloadConfig, key, def string) string {
+		if v, ok := wc.cfg[key].(string); ok && v != "" {
+			return v
+		}
+		return def
+	}
+	ru, raddr, rdb := dsnParts(str(relay, "mysql-dsn", ""))
+	ju, jaddr, jdb := dsnParts(str(job, "mysql-dsn", ""))
+	if ju == "" || ju == ru {
+		t.Errorf("%s logs in to MySQL as %q, the relay's user (%s): give migrate its own user with the migrate grants", job.where, ju, relay.where)
+	}
+	if jaddr != raddr || jdb != rdb {
+		t.Errorf("%s migrates %s/%s, the relay (%s) uses %s/%s: give both the same address and database", job.where, jaddr, jdb, relay.where, raddr, rdb)
+	}
+	if jt, rt := str(job, "table", "outbox"), str(relay, "table", "outbox"); jt != rt {
+		t.Errorf("%s migrates table %q, the relay (%s) reads %q", job.where, jt, relay.where, rt)
+	}
+	secrets := func(wc *workloadConfig) map[string]bool {
+		m := map[string]bool{}
+		for _, v := range wc.mounts {
+			if v.vol.Secret != nil {
+				m[v.vol.Secret.SecretName] = true
 			}
-			in("mysql-password-file", func(v corev1.Volume) bool { return v.Secret != nil }, "a Secret")
-			in("amqp-password-file", func(v corev1.Volume) bool { return v.Secret != nil }, "a Secret")
-			if strings.HasPrefix(where, "Deployment/") {
-				in("state-file", func(v corev1.Volume) bool { return v.EmptyDir != nil }, "an emptyDir")
+		}
+		return m
+	}
+	relaySecrets := secrets(relay)
+	for name := range secrets(job) {
+		if relaySecrets[name] {
+			t.Errorf("%s and %s both mount Secret %s: the migrate Job's password must be in a Secret of its own", job.where, relay.where, name)
+		}
+	}
+}
+
+// baseReferences returns the names of the ConfigMaps and Secrets each
+// workload of the base's manifests mounts, by "Kind/name" and volume name,
+// as written there (before kustomize adds any hash suffix).
+func baseReferences(t *testing.T) map[string]map[string]string {
+	t.Helper()
+	refs := map[string]map[string]string{}
+	add := func(file string, obj runtime.Object, where func() (string, *corev1.PodTemplateSpec)) {
+		b, err := os.ReadFile(filepath.Join("../base", file))
+		if err != nil {
+			t.Fatalf("read base/%s: %v", file, err)
+		}
+		if err := yaml.Unmarshal(b, obj); err != nil {
+			t.Fatalf("decode base/%s: %v", file, err)
+		}
+		name, p := where()
+		refs[name] = map[string]string{}
+		for _, v := range p.Spec.Volumes {
+			switch {
+			case v.ConfigMap != nil:
+				refs[name][v.Name] = v.ConfigMap.Name
+			case v.Secret != nil:
+				refs[name][v.Name] = v.Secret.SecretName
+			}
+		}
+	}
+	var dep appsv1.Deployment
+	add("deployment.yaml", &dep, func() (string, *corev1.PodTemplateSpec) { return "Deployment/" + dep.Name, &dep.Spec.Template })
+	var job batchv1.Job
+	add("migrate-job.yaml", &job, func() (string, *corev1.PodTemplateSpec) { return "Job/" + job.Name, &job.Spec.Template })
+	return refs
+}
+
+// checkFixedNames: what a pod reads again while it runs (the Secrets of the
+// passwords) and everything the migrate Job mounts are referenced by the
+// name the base gives them, without a hash suffix. A Secret under a hashed
+// name rolls the Deployment at every password change instead of reaching
+// the running pods through the mounted files, and any hashed name in the
+// Job's pod template makes the next edit fail to apply: a Job's template
+// cannot change. (The relay's ConfigMap keeps its hash on purpose: the relay
+// reads config.yaml once, at start, so a changed one must roll the pods.)
+func checkFixedNames(t *testing.T, objs []object, base map[string]map[string]string) {
+	t.Helper()
+	for where, p := range podTemplates(objs) {
+		for _, v := range p.Spec.Volumes {
+			var kind, got string
+			switch {
+			case v.Secret != nil:
+				kind, got = "Secret", v.Secret.SecretName
+			case v.ConfigMap != nil && strings.HasPrefix(where, "Job/"):
+				kind, got = "ConfigMap", v.ConfigMap.Name
+			default:
+				continue
+			}
+			if want, ok := base[where][v.Name]; !ok || got != want {
+				t.Errorf("%s mounts %s %q as volume %s, the base names it %q: a generated one needs options.disableNameSuffixHash: true "+
+					"(a hash suffix rolls the pods at every change, and in a Job's template makes the next apply fail: field is immutable)",
+					where, kind, got, v.Name, want)
 			}
 		}
 	}
@@ -451,4 +639,123 @@ func TestRulesFile(t *testing.T) {
 	if err := os.WriteFile("../base/prometheusrule.yaml", b.Bytes(), 0o644); err != nil {
 		t.Fatalf("write base/prometheusrule.yaml: %v", err)
 	}
+}
+
+// TestEdits renders the example overlay before and after each edit a user
+// makes with `kubectl apply -k` and checks what the cluster would be asked
+// to change: the migrate Job's spec never (its pod template is immutable:
+// a change would fail the apply), the Deployment's pod template on a
+// changed config.yaml only (the relay reads it at start; a password
+// reaches running pods through the mounted Secret, which keeps its name).
+func TestEdits(t *testing.T) {
+	before := renderEdited(t, nil)
+	for _, e := range []struct {
+		name, file, old, new string
+		rollsRelay           bool
+	}{
+		{"relay config", "config.yaml", "log-format: json", "log-format: console", true},
+		{"migrate config", "migrate.yaml", "log-format: json", "log-format: console", false},
+		{"passwords", "kustomization.yaml", "=CHANGE-ME", "=ROTATED-2026", false},
+	} {
+		t.Run(strings.ReplaceAll(e.name, " ", "_"), func(t *testing.T) {
+			after := renderEdited(t, func(name string, b []byte) []byte {
+				if name != filepath.Join(exampleOverlay, e.file) {
+					return b
+				}
+				if !bytes.Contains(b, []byte(e.old)) {
+					t.Fatalf("%s has no %q to edit", name, e.old)
+				}
+				return bytes.ReplaceAll(b, []byte(e.old), []byte(e.new))
+			})
+			if !reflect.DeepEqual(jobSpecs(before), jobSpecs(after)) {
+				t.Errorf("an edit of the %s changes the migrate Job's spec: kubectl apply would fail (field is immutable)", e.name)
+			}
+			rolled := !reflect.DeepEqual(relayTemplate(t, before), relayTemplate(t, after))
+			switch {
+			case rolled && !e.rollsRelay:
+				t.Errorf("an edit of the %s changes the Deployment's pod template: it rolls the relay's pods", e.name)
+			case !rolled && e.rollsRelay:
+				t.Errorf("an edit of the %s leaves the Deployment's pod template as it was: the pods would keep the old config.yaml until restarted", e.name)
+			}
+			if e.name == "passwords" {
+				for name, data := range secretData(after) {
+					if reflect.DeepEqual(data, secretData(before)[name]) {
+						t.Errorf("Secret %s: the edited passwords are not in it under the same name", name)
+					}
+				}
+			}
+		})
+	}
+}
+
+// renderEdited renders the example overlay from an in-memory copy of
+// deploy/kubernetes whose files (by path relative to it) edit rewrites.
+func renderEdited(t *testing.T, edit func(name string, b []byte) []byte) []object {
+	t.Helper()
+	mem := filesys.MakeFsInMemory()
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel("..", path)
+		if d.IsDir() {
+			if rel == "check" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if edit != nil {
+			b = edit(rel, b)
+		}
+		return mem.WriteFile(filepath.Join("/k", rel), b)
+	})
+	if err != nil {
+		t.Fatalf("copy deploy/kubernetes: %v", err)
+	}
+	return renderFS(t, mem, filepath.Join("/k", exampleOverlay), exampleOverlay)
+}
+
+// jobSpecs returns the rendered Jobs' specs by name.
+func jobSpecs(objs []object) map[string]batchv1.JobSpec {
+	m := map[string]batchv1.JobSpec{}
+	for _, o := range objs {
+		if j, ok := o.obj.(*batchv1.Job); ok {
+			m[j.Name] = j.Spec
+		}
+	}
+	return m
+}
+
+// relayTemplate returns the pod template of the one rendered Deployment.
+func relayTemplate(t *testing.T, objs []object) corev1.PodTemplateSpec {
+	t.Helper()
+	for _, o := range objs {
+		if d, ok := o.obj.(*appsv1.Deployment); ok {
+			return d.Spec.Template
+		}
+	}
+	t.Fatal("no Deployment rendered")
+	return corev1.PodTemplateSpec{}
+}
+
+// secretData returns the rendered Secrets' data by name.
+func secretData(objs []object) map[string]map[string][]byte {
+	m := map[string]map[string][]byte{}
+	for _, o := range objs {
+		if s, ok := o.obj.(*corev1.Secret); ok {
+			data := map[string][]byte{}
+			for k, v := range s.Data {
+				data[k] = v
+			}
+			for k, v := range s.StringData {
+				data[k] = []byte(v)
+			}
+			m[s.Name] = data
+		}
+	}
+	return m
 }
