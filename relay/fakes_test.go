@@ -266,7 +266,8 @@ func unitRelay(t *testing.T, store *fakeStore, mod func(*Config)) *Relay {
 	}
 	cfg.SetDefaults()
 	log := cfg.Logger
-	return &Relay{cfg: cfg, log: log, progress: store, failover: &failoverCheck{log: log, server: &fakeServer{}}}
+	return &Relay{cfg: cfg, log: log, progress: store, failover: &failoverCheck{log: log, server: &fakeServer{}},
+		tablesShape: func(context.Context) error { return nil }}
 }
 
 // rec is an outbox row of partition key.

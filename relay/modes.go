@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/canal"
@@ -32,6 +33,11 @@ const (
 type modeSwitch struct {
 	to     Mode
 	reason string
+	// handover: binlog mode starts with the poll → binlog handover (the
+	// sweep of pending rows, then the tail from the server's position), as
+	// after polling; until it is done the progress row stores mode poll, so
+	// a restart in between runs it too.
+	handover bool
 }
 
 // lead runs one leader term: it picks the mode and runs it, switching
@@ -59,8 +65,9 @@ type modeRunners struct {
 // ends or asks to switch, and holds an operator's pause in between.
 func (r *Relay) runModes(ctx context.Context, leader lease) error {
 	var (
-		mode   Mode
-		reason string
+		mode     Mode
+		reason   string
+		handover bool
 	)
 	for {
 		paused, changed := leader.Paused()
@@ -76,8 +83,9 @@ func (r *Relay) runModes(ctx context.Context, leader lease) error {
 		}
 		if mode == "" {
 			mode, reason = r.modes.start(ctx)
+			handover = false
 		}
-		if err := r.enterMode(ctx, leader, mode, reason); err != nil {
+		if err := r.enterMode(ctx, leader, mode, reason, handover); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -92,13 +100,14 @@ func (r *Relay) runModes(ctx context.Context, leader lease) error {
 		case next == nil:
 			return nil
 		}
-		mode, reason = next.to, next.reason
+		mode, reason, handover = next.to, next.reason, next.handover
 	}
 }
 
 // enterMode announces mode (log, metrics, Config.OnMode) and stores it in
-// the progress row with why.
-func (r *Relay) enterMode(ctx context.Context, leader lease, mode Mode, reason string) error {
+// the progress row with why; handover: binlog mode is to start with the
+// handover (modeSwitch).
+func (r *Relay) enterMode(ctx context.Context, leader lease, mode Mode, reason string, handover bool) error {
 	logMode := r.log.Info
 	if mode == ModePoll && r.cfg.Mode == ModeAuto {
 		// A fallback: the reason lists what keeps binlog mode off and
@@ -114,7 +123,7 @@ func (r *Relay) enterMode(ctx context.Context, leader lease, mode Mode, reason s
 		r.cfg.OnMode(mode, reason)
 	}
 	var stored Mode
-	if mode == ModePoll {
+	if mode == ModePoll || handover {
 		// Stored at once: a restart after polling must run the poll →
 		// binlog handover rather than trust the old binlog position.
 		stored = ModePoll
@@ -165,8 +174,13 @@ func (r *Relay) startMode(ctx context.Context) (mode Mode, reason string) {
 
 // fallbackReason says whether err from the binlog pipeline should send an
 // auto relay to poll mode, and why. These are the errors retrying the
-// binlog cannot fix but polling can work around. A *canal.DivergedError is
-// not among them: restarting the term from the durable checkpoint cures it.
+// binlog cannot fix but polling can work around: the binlog cannot be read
+// (purged, access, TLS, settings), or it holds outbox rows it cannot give
+// as committed rows (a table map without a contract column, a
+// statement-logged write: the rows are in the table, which polling reads),
+// or the table lacks a column the sweep reads (polling waits for it). A
+// *canal.DivergedError is not among them: restarting the term from the
+// durable checkpoint cures it.
 func (r *Relay) fallbackReason(err error) string {
 	if r.cfg.Mode != ModeAuto || err == nil {
 		return ""
@@ -177,12 +191,47 @@ func (r *Relay) fallbackReason(err error) string {
 		tlsErr *canal.TLSError
 		pre    *canal.PreflightError
 		cfgErr *ConfigError
+		schema *canal.SchemaError
+		stmt   *canal.StatementError
 	)
 	switch {
 	case errors.As(err, &purged), errors.As(err, &access), errors.As(err, &tlsErr), errors.As(err, &pre), errors.As(err, &cfgErr):
 		return err.Error()
+	case errors.As(err, &schema):
+		return err.Error() + "; polling delivers the rows by the table's column names (it waits while a column is missing), " +
+			"then the handover returns to the binlog past this transaction"
+	case errors.As(err, &stmt):
+		return err.Error() + "; polling delivers those rows, then the handover returns to the binlog past this transaction " +
+			"(set binlog_format=ROW for the sessions writing the outbox)"
+	case unknownColumn(err):
+		return "the outbox table lacks a column the relay reads: " + err.Error()
 	}
 	return ""
+}
+
+// detour says whether err from the binlog pipeline, which would otherwise
+// end the term, asks to go on in another mode: poll mode (fallbackReason),
+// or, for the XA COMMIT of a transaction whose outbox rows the binlog holds
+// at its XA PREPARE (in every mode), binlog mode again through the
+// handover, whose sweep delivers those rows from the table and whose tail
+// starts past the commit. Nil: no detour.
+func (r *Relay) detour(err error) *modeSwitch {
+	var xa *canal.XACommitError
+	if errors.As(err, &xa) {
+		return &modeSwitch{to: ModeBinlog, handover: true,
+			reason: err.Error() + "; the handover's sweep delivers them, then the binlog is tailed past the commit"}
+	}
+	if why := r.fallbackReason(err); why != "" {
+		return &modeSwitch{to: ModePoll, reason: why}
+	}
+	return nil
+}
+
+// unknownColumn reports MySQL error 1054 (unknown column): a statement of
+// the relay names a column the outbox table lacks now.
+func unknownColumn(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1054
 }
 
 // troubleWatch decides, from the tailer's reconnect attempts, when binlog
@@ -252,6 +301,9 @@ func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) 
 	if _, err := r.failover.checkNotLost(pollCtx, progress.Position); err != nil {
 		return nil, err
 	}
+	if err := r.waitShape(ctx, leader); err != nil || ctx.Err() != nil {
+		return nil, err
+	}
 	publisher, p, err := r.openPoll(pollCtx, leader)
 	if err != nil {
 		return nil, err
@@ -286,9 +338,12 @@ func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) 
 			if lost := leader.Err(); lost != nil {
 				return nil, lost
 			}
+			if shapeChanged(err) {
+				return &modeSwitch{to: ModePoll, reason: "the outbox table's columns changed: " + err.Error()}, nil
+			}
 			return nil, err
 		case <-probe:
-			if err := r.binlog.Preflight(pollCtx); err != nil {
+			if err := r.binlogReady(pollCtx); err != nil {
 				r.log.Debug("binlog still unavailable", zap.Error(err))
 				continue
 			}
@@ -306,6 +361,17 @@ func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) 
 			return &modeSwitch{to: ModeBinlog, reason: "the binlog is readable again"}, nil
 		}
 	}
+}
+
+// binlogReady is the auto relay's probe while polling: the server serves
+// the binlog (Preflight) and the relay's tables have every column the
+// handover's sweep reads (else the sweep would fail, or the binlog's table
+// maps still lack a contract column).
+func (r *Relay) binlogReady(ctx context.Context) error {
+	if err := r.binlog.Preflight(ctx); err != nil {
+		return err
+	}
+	return r.tablesShape(ctx)
 }
 
 // stopRounds closes stop and waits until the poller (RunUntil, ending on

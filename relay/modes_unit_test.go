@@ -41,7 +41,11 @@ func TestUnitBinlogEnd(t *testing.T) {
 		{name: "clean end, ack fails", ackErr: ackErr, wantErr: ackErr},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			next, err := binlogEnd(zaptest.NewLogger(t), tc.shutdown, tc.fallback, tc.readErr, tc.ackErr, tc.leaseE)
+			var detour *modeSwitch
+			if tc.fallback != "" {
+				detour = &modeSwitch{to: ModePoll, reason: tc.fallback}
+			}
+			next, err := binlogEnd(zaptest.NewLogger(t), tc.shutdown, detour, tc.readErr, tc.ackErr, tc.leaseE)
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
 				t.Fatalf("error %v, want %v", err, tc.wantErr)
 			}

@@ -78,7 +78,9 @@ type laneItem struct {
 //     (shutdown or pause), or after ShutdownTimeout (stopReading);
 //   - "lane", one per lane, publishes its queue in order (runLane);
 //   - "acker" acknowledges the low watermark (acker);
-//   - "sweep-delayed" delivers due delayed rows (sweepDelayed).
+//   - "sweep-delayed" delivers due delayed rows (sweepDelayed);
+//   - "settings-watch" says when the server's binlog settings change under
+//     it (watchSettings).
 //
 // Once reading has ended, one shutdown policy stops them in this order
 // (then stopPipeline): the sweep between its rounds; the lanes' queues are
@@ -126,8 +128,11 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	p.start(&g, pubCtx)
 	sweepStop := make(chan struct{})
 	g.Go("sweep-delayed", func() { close(sweepStop) }, func() error { p.sweepDelayed(pubCtx, sweepStop); return nil })
+	settingsStop := make(chan struct{})
+	g.Go("settings-watch", func() { close(settingsStop) }, func() error { p.watchSettings(readCtx, settingsStop); return nil })
 
 	readErr := p.read(readCtx, progress)
+	g.Stop("settings-watch")
 	g.Stop("sweep-delayed") // between rounds: a round under way commits
 	g.Signal("lane")        // close the queues: a lane returns once it has published its queue
 
@@ -135,15 +140,21 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	if !shuttingDown && readErr == nil {
 		readErr = leader.Err()
 	}
-	fallback, _ := p.fallback.Load().(string)
-	if fallback == "" && leader.Err() == nil {
-		fallback = r.fallbackReason(readErr)
+	var next *modeSwitch
+	if fallback, _ := p.fallback.Load().(string); fallback != "" {
+		next = &modeSwitch{to: ModePoll, reason: fallback}
+	} else if leader.Err() == nil && !shuttingDown {
+		next = r.detour(readErr)
 	}
-	if fallback != "" {
-		r.log.Warn("binlog mode stopped; finishing in-flight confirms, then polling", zap.String("reason", fallback))
+	switch {
+	case next == nil:
+	case next.to == ModePoll:
+		r.log.Warn("binlog mode stopped; finishing in-flight confirms, then polling", zap.String("reason", next.reason))
+	default:
+		r.log.Info("binlog mode stopped; finishing in-flight confirms, then the handover to the binlog", zap.String("reason", next.reason))
 	}
-	ackErr := p.stopPipeline(&g, pubCtx, cancelPub, shuttingDown || fallback != "")
-	return binlogEnd(r.log, shuttingDown, fallback, readErr, ackErr, leader.Err())
+	ackErr := p.stopPipeline(&g, pubCtx, cancelPub, shuttingDown || next != nil)
+	return binlogEnd(r.log, shuttingDown, next, readErr, ackErr, leader.Err())
 }
 
 // stopPipeline is the rest of binlog mode's shutdown policy, run once
@@ -180,21 +191,22 @@ func (p *pipeline) drainConfirms(pubCtx context.Context) {
 }
 
 // binlogEnd decides how a binlog mode run ends, from how it stopped: on a
-// shutdown (or pause) with the final acknowledgement's error; with a
-// switch to poll mode after a fallback whose acknowledgement worked; else
-// with the error that ended it (leaseErr when leadership was lost).
-func binlogEnd(log *zap.Logger, shuttingDown bool, fallback string, readErr, ackErr, leaseErr error) (*modeSwitch, error) {
+// shutdown (or pause) with the final acknowledgement's error; with next (a
+// switch to poll mode after a fallback, or to the handover) once its
+// acknowledgement worked; else with the error that ended it (leaseErr when
+// leadership was lost).
+func binlogEnd(log *zap.Logger, shuttingDown bool, next *modeSwitch, readErr, ackErr, leaseErr error) (*modeSwitch, error) {
 	switch {
 	case shuttingDown:
 		return nil, ackErr
-	case fallback != "" && ackErr == nil:
-		return &modeSwitch{to: ModePoll, reason: fallback}, nil
-	case fallback != "":
+	case next != nil && ackErr == nil:
+		return next, nil
+	case next != nil:
 		// Never readErr here: in auto mode its cause (a purged position, a
 		// missing grant) is no reason to exit. The acknowledgement's error
 		// restarts the term from the durable checkpoint, which decides the
 		// mode again; what was not acknowledged is published again.
-		return nil, fmt.Errorf("binlog mode stopped (%s); acknowledging before polling: %w", fallback, ackErr)
+		return nil, fmt.Errorf("binlog mode stopped (%s); acknowledging before going on: %w", next.reason, ackErr)
 	case readErr == nil:
 		return nil, ackErr
 	case leaseErr != nil:

@@ -48,6 +48,12 @@ type Relay struct {
 	openBinlog openBinlog   // binlog mode's publisher: openBinlogPub
 	openPoll   openPoll     // poll mode's publisher and poller: openPolling
 	modes      modeRunners  // the modes a term runs
+	// tablesShape checks that the relay's tables have every column it
+	// reads and writes (migrations.Current in production).
+	tablesShape func(ctx context.Context) error
+	// readSettings reads the server's global binlog settings
+	// (canal.ReadSettings in production; nil: not watched).
+	readSettings func(ctx context.Context) (canal.Settings, error)
 
 	tailing atomic.Bool // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool // leading in poll mode
@@ -167,6 +173,8 @@ func New(cfg Config) (*Relay, error) {
 	r.modes = modeRunners{start: r.startMode, binlog: r.runBinlog, poll: r.runPoll}
 	r.binlog = canalBinlog{r: r}
 	r.openPoll = r.openPolling
+	r.tablesShape = func(ctx context.Context) error { return migrations.Current(ctx, r.db, r.cfg.Table) }
+	r.readSettings = func(ctx context.Context) (canal.Settings, error) { return canal.ReadSettings(ctx, r.db) }
 	r.openBinlog = r.openBinlogPub
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}

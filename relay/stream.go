@@ -109,7 +109,34 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}
-	return positionError(err)
+	return r.binlogOnlyError(positionError(err))
+}
+
+// binlogOnlyError makes binlog events that cannot be given as committed
+// outbox rows (a table map without a contract column, a statement-logged
+// write) a setup error in Config.Mode binlog (exit 2, status FAILED), with
+// the way out: re-reading them after a restart gives the same error. Auto
+// mode polls instead (fallbackReason).
+func (r *Relay) binlogOnlyError(err error) error {
+	if r.cfg.Mode != ModeBinlog {
+		return err
+	}
+	const wayOut = "then run the relay once with Config.Mode auto (or poll): it delivers them from the table and " +
+		"returns to the binlog past this transaction, from where Config.Mode binlog goes on"
+	var (
+		schema *canal.SchemaError
+		stmt   *canal.StatementError
+	)
+	switch {
+	case errors.As(err, &schema):
+		return &ConfigError{fmt.Errorf("binlog mode cannot read past this transaction: %w; the rows written since are in "+
+			"the table: give the table its contract columns back if it still lacks them, "+wayOut, err)}
+	case errors.As(err, &stmt):
+		return &ConfigError{fmt.Errorf("binlog mode cannot read past this transaction: %w; its rows are in the table: "+
+			"set binlog_format=ROW for every session writing the outbox (SET GLOBAL binlog_format='ROW', and no "+
+			"SET SESSION binlog_format in producers), "+wayOut, err)}
+	}
+	return err
 }
 
 // positionError makes a purged checkpoint a setup error (exit 2 in --mode

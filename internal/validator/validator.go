@@ -112,6 +112,41 @@ func (v *Validator) Received() int {
 	return len(v.deliveries)
 }
 
+// Unexpected is how many deliveries carry a message id no Expect named
+// (yet): a message published that should not have been, or not yet.
+func (v *Validator) Unexpected() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	n := 0
+	for _, d := range v.deliveries {
+		id, err := outbox.ParseMessageID(d.MessageId)
+		if err != nil || v.expected[id] == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// ExpectedMessages returns the expectations registered so far, each
+// partition's in the order Expect was told them: to hand them to another
+// Validator once they are due (a transaction committed later).
+func (v *Validator) ExpectedMessages() []Expected {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]Expected, 0, len(v.expected))
+	for _, ids := range v.order {
+		for _, id := range ids {
+			out = append(out, *v.expected[id])
+		}
+	}
+	for _, m := range v.expected {
+		if m.PartitionKey == "" {
+			out = append(out, *m)
+		}
+	}
+	return out
+}
+
 // Duplicates is how many deliveries repeated an earlier one.
 func (v *Validator) Duplicates() int {
 	v.mu.Lock()
