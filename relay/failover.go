@@ -66,8 +66,9 @@ func (e *LostGTIDsError) Error() string {
 // across restarts (stateFile), and the check that compares it with every
 // server the relay resumes on. The lanes record each message before its
 // publish (sent), the acker each acknowledged position (acked) and then
-// saves the state file (save); a term checks before it reads (checkNotLost)
-// and the binlog stream after each reconnect (checkReconnect).
+// saves the state file (save); a term checks before it starts anything that
+// publishes (checkNotLost, from checkTerm and runPoll) and the binlog stream
+// after each reconnect (checkReconnect).
 //
 // sent, acked and the checks are safe for concurrent use; save is called
 // by one goroutine at a time (the acker, or the term after its pipeline).
@@ -174,13 +175,13 @@ func (f *failoverCheck) load() error {
 	return nil
 }
 
-// checkNotLost is run before a term reads the binlog: the server's executed
-// GTID set must contain the newest position this process published, or the
-// stored one when the process has published none (a process started fresh
-// knows only the row, which after a failover is the replicated one). It
-// returns a *LostGTIDsError when it does not; with AcceptLostGTIDs it logs
-// what is skipped and reports lost = true instead: the caller then starts
-// from the server's own position.
+// checkNotLost is run before a term (each mode of it) starts anything that
+// publishes: the server's executed GTID set must contain the newest
+// position this process published, or the stored one when the process has
+// published none (a process started fresh knows only the row, which after
+// a failover is the replicated one). It returns a *LostGTIDsError when it
+// does not; with AcceptLostGTIDs it logs what is skipped and reports lost =
+// true instead: the caller then starts from the server's own position.
 func (f *failoverCheck) checkNotLost(ctx context.Context, stored position.Position) (lost bool, err error) {
 	lostErr, err := f.lossOn(ctx, stored)
 	if err != nil || lostErr == nil {

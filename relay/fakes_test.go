@@ -141,7 +141,9 @@ func (s *fakeStore) SetMode(ctx context.Context, epoch int64, mode, reason strin
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.modes = append(s.modes, mode)
-	s.progress.Mode = mode
+	if mode != "" { // as checkpoint.Store: an empty mode records only the reason
+		s.progress.Mode = mode
+	}
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/ordering"
@@ -71,6 +72,11 @@ type laneItem struct {
 // switch to poll mode when an auto relay cannot read the binlog: then, as at
 // shutdown, it first waits for in-flight confirms and acknowledges them.
 //
+// Nothing that publishes starts before the term's lossy-failover check
+// (checkTerm) has returned: a server that lacks published transactions is
+// refused before a lane, the due-time sweep or the sweep before tailing
+// could publish (and delete) a row on it.
+//
 // It reads on the caller's goroutine and owns a group of named goroutines:
 //
 //   - "lease-watch" ends reading and publishing at once when leadership is lost;
@@ -110,9 +116,10 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 		return nil
 	})
 
-	progress, err := r.progress.Load(readCtx)
+	// Before anything of the term can publish: the lossy-failover check.
+	progress, lost, err := r.checkTerm(ctx, readCtx)
 	if err != nil {
-		return nil, err
+		return binlogEnd(r.log, ctx.Err() != nil && leader.Err() == nil, nil, err, nil, leader.Err())
 	}
 	publisher, err := r.openBinlog(pubCtx, leader)
 	if err != nil {
@@ -131,7 +138,7 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	settingsStop := make(chan struct{})
 	g.Go("settings-watch", func() { close(settingsStop) }, func() error { p.watchSettings(readCtx, settingsStop); return nil })
 
-	readErr := p.read(readCtx, progress)
+	readErr := p.read(readCtx, progress, lost)
 	g.Stop("settings-watch")
 	g.Stop("sweep-delayed") // between rounds: a round under way commits
 	g.Signal("lane")        // close the queues: a lane returns once it has published its queue
@@ -155,6 +162,26 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	}
 	ackErr := p.stopPipeline(&g, pubCtx, cancelPub, shuttingDown || next != nil)
 	return binlogEnd(r.log, shuttingDown, next, readErr, ackErr, leader.Err())
+}
+
+// checkTerm reads the stored progress row and runs the term's
+// lossy-failover check (failoverCheck.checkNotLost) with it, before
+// anything of the term is started. Both end with readCtx (leadership lost)
+// and with ctx (a shutdown or a pause: nothing is under way yet to be read
+// to its end). lost: the server lacks published transactions and
+// Config.AcceptLostGTIDs lets the term resume from the server's own
+// position.
+func (r *Relay) checkTerm(ctx, readCtx context.Context) (progress checkpoint.Progress, lost bool, err error) {
+	checkCtx, cancel := context.WithCancel(readCtx)
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
+	if progress, err = r.progress.Load(checkCtx); err != nil {
+		return progress, false, err
+	}
+	// A promoted replica, or a VIP that moved, may lack what was published:
+	// checked on every term (docs/operations.md, "Primary failover").
+	lost, err = r.failover.checkNotLost(checkCtx, storedPosition(progress))
+	return progress, lost, err
 }
 
 // stopPipeline is the rest of binlog mode's shutdown policy, run once
