@@ -30,6 +30,7 @@ type failoverRig struct {
 	db               *testenv.DB
 	b                *testenv.Broker
 	vip              *testenv.FaultProxy
+	binlogVIP        *testenv.FaultProxy // the binlog stream's own proxy, when it has one (else it goes through vip)
 	v                *validator.Validator
 	rr               *relayRun
 	// replayable are the message ids of the rows the promoted replica's

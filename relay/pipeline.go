@@ -84,6 +84,8 @@ type laneItem struct {
 //     (shutdown or pause), or after ShutdownTimeout (stopReading);
 //   - "lane", one per lane, publishes its queue in order (runLane);
 //   - "acker" acknowledges the low watermark (acker);
+//   - "state-file" writes Config.StateFile as the published position moves,
+//     whatever the acknowledgements do (failoverCheck.follow);
 //   - "sweep-delayed" delivers due delayed rows (sweepDelayed);
 //   - "settings-watch" says when the server's binlog settings change under
 //     it (watchSettings).
@@ -93,7 +95,8 @@ type laneItem struct {
 // closed; in-flight confirms are drained, bounded by ShutdownTimeout, on
 // a shutdown or a fallback (otherwise publishing stops at once: what is
 // not acknowledged is published again by the next term); the acker, after
-// its final acknowledgement; the lanes.
+// its final acknowledgement; the lanes; the state file's writer (the term
+// writes the file once more after the run: Relay.runMode).
 func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error) {
 	var g group
 	defer g.Close()
@@ -186,7 +189,8 @@ func (r *Relay) checkTerm(ctx, readCtx context.Context) (progress checkpoint.Pro
 
 // stopPipeline is the rest of binlog mode's shutdown policy, run once
 // reading has ended and the sweep and the lanes' queues are stopped: it
-// stops the acker, then the lanes, and returns the acker's error. With
+// stops the acker, then the lanes, then the state file's writer, and
+// returns the acker's error. With
 // drain it first waits (bounded by ShutdownTimeout) for the confirms of
 // everything published, so the acker's final round acknowledges it;
 // without, publishing stops at once.
@@ -199,6 +203,7 @@ func (p *pipeline) stopPipeline(g *group, pubCtx context.Context, cancelPub cont
 	ackErr := g.Stop("acker")
 	cancelPub()
 	_ = g.Wait("lane") // a lane's error is the term's end, already seen by reading or the acker
+	_ = g.Stop("state-file")
 	return ackErr
 }
 
@@ -263,14 +268,16 @@ func (r *Relay) newPipeline(leader lease, pub binlogPublisher, cancelRead contex
 	return p
 }
 
-// start runs the lanes and the acker in g, publishing and acknowledging
-// under pubCtx.
+// start runs the lanes, the acker and the state file's writer in g,
+// publishing and acknowledging under pubCtx.
 func (p *pipeline) start(g *group, pubCtx context.Context) {
 	for i := range p.queues {
 		g.Go("lane", func() { close(p.queues[i]) }, func() error { return p.runLane(pubCtx, i) })
 	}
 	ackStop := make(chan struct{})
 	g.Go("acker", func() { close(ackStop) }, func() error { return p.acker(pubCtx, ackStop) })
+	stateStop := make(chan struct{})
+	g.Go("state-file", func() { close(stateStop) }, func() error { p.r.failover.follow(stateStop); return nil })
 }
 
 // openLanes opens one sink per lane with open (whose callback gets every
