@@ -38,16 +38,7 @@ func TestRelayStateFileFollowsSentWhileAcksStall(t *testing.T) {
 	ctx := testenv.WorkContext(t)
 	state := filepath.Join(t.TempDir(), "relay-state.json")
 	f := stalledAckRig(t, state)
-	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
-	produce(ctx, t, f.db, f.b, f.v, load{producers: 2, partitions: 10, total: 200, bigTxn: 10, bigShare: 0.3})
-	if err := f.v.WaitComplete(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitRows(ctx, t, f.db, "SELECT COUNT(*) FROM outbox", 0)
-	f.primary.WaitReplicaCaughtUp(t, f.replica)
-	if _, err := f.replica.Root(t).ExecContext(ctx, "STOP SLAVE"); err != nil {
-		t.Fatalf("stop the replica: %v", err)
-	}
+	f.stopReplica(ctx, t)
 
 	f.vip.Stall() // the pool's proxy: acknowledgements hang from now on
 	// One transaction at a time, each received before the next commits:
