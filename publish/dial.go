@@ -146,9 +146,43 @@ func (o ConnOptions) tlsConfig() (*tls.Config, error) {
 // files now. ctx bounds the TCP connect; the connect and the handshake take
 // at most dialTimeout. name is the connection name the broker shows. Errors
 // name the broker (password masked), the cause and the fix; IsRefused tells
-// a configuration problem from an unreachable broker.
+// a configuration problem from an unreachable broker. A list of URLs (a
+// cluster's nodes, SplitURLs) is refused without dialling: dialled as one
+// URL, the rest of the list would reach the broker as the vhost, which it
+// quotes back, credentials included, in its refusal. DialAny takes a list.
 func Dial(ctx context.Context, rawURL string, o ConnOptions, name string) (*amqp.Connection, error) {
+	if urls, err := SplitURLs(rawURL); err == nil && len(urls) > 1 {
+		return nil, &dialError{msg: "connect to AMQP broker " + redact.URL(rawURL), refused: true,
+			err: fmt.Errorf("a list of %d URLs where one URL is expected: dial the nodes one at a time (publish.DialAny)", len(urls))}
+	}
 	return dial(ctx, rawURL, o, name, nil)
+}
+
+// DialAny opens an AMQP connection to the first of rawURLs (one URL, or a
+// cluster's nodes separated by commas: SplitURLs) that answers, dialling
+// them in order as Dial does, and returns it with the node (host:port) it
+// reached. When none answers it returns the first refusal (IsRefused) if
+// any node refused, else the last node's error; no error holds a password.
+func DialAny(ctx context.Context, rawURLs string, o ConnOptions, name string) (*amqp.Connection, string, error) {
+	urls, err := SplitURLs(rawURLs)
+	if err != nil {
+		return nil, "", &dialError{msg: "connect to AMQP broker", refused: true, err: err}
+	}
+	var refused error
+	for _, u := range urls {
+		conn, derr := dial(ctx, u, o, name, nil)
+		if derr == nil {
+			return conn, nodeOf(u), nil
+		}
+		if IsRefused(derr) && refused == nil {
+			refused = derr
+		}
+		err = derr
+	}
+	if refused != nil {
+		return nil, "", refused
+	}
+	return nil, "", err
 }
 
 // dial is Dial with wrap, when set, around the TCP connection (under TLS).

@@ -1,9 +1,12 @@
 package publish_test
 
 import (
+	"context"
+	"net/url"
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
@@ -33,5 +36,46 @@ func TestSplitURLs(t *testing.T) {
 		if !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "sekret") {
 			t.Errorf("%q: %v; want %q and no password", c.in, err, c.want)
 		}
+	}
+}
+
+// Dial takes one URL: a list is refused before anything is dialled (the
+// broker would get the rest of the list as the vhost and quote it back,
+// passwords included), as a refusal naming DialAny, without a password.
+func TestDialRefusesAList(t *testing.T) {
+	list := "amqp://u:sekret1@127.0.0.1:1/,amqp://u:sekret2@127.0.0.1:1/"
+	conn, err := publish.Dial(context.Background(), list, publish.ConnOptions{}, "test")
+	if conn != nil {
+		conn.Close()
+	}
+	if err == nil || !publish.IsRefused(err) || !strings.Contains(err.Error(), "DialAny") || strings.Contains(err.Error(), "sekret") {
+		t.Fatalf("Dial of a list: %v; want a refusal naming DialAny and no password", err)
+	}
+}
+
+// DialAny dials a cluster's nodes in order and connects to the first that
+// answers; when none does, a refusal wins over an unreachable node, and no
+// error shows a password.
+func TestDialAny(t *testing.T) {
+	b := testenv.RabbitMQ(t)
+	ctx := context.Background()
+	dead := "amqp://u:sekret1@127.0.0.1:1/"
+	conn, node, err := publish.DialAny(ctx, dead+", "+b.URL, publish.ConnOptions{}, "test")
+	if err != nil {
+		t.Fatalf("DialAny with a dead first node: %v", err)
+	}
+	conn.Close()
+	if u, _ := url.Parse(b.URL); node != u.Host {
+		t.Fatalf("connected to %q, want %q", node, u.Host)
+	}
+	wrongUser, _ := url.Parse(b.URL)
+	wrongUser.User = url.UserPassword("nobody", "sekret2")
+	_, _, err = publish.DialAny(ctx, dead+","+wrongUser.String(), publish.ConnOptions{}, "test")
+	if !publish.IsRefused(err) || strings.Contains(err.Error(), "sekret") {
+		t.Fatalf("DialAny with a dead node and a refused login: %v; want the refusal, no password", err)
+	}
+	_, _, err = publish.DialAny(ctx, dead+","+dead, publish.ConnOptions{}, "test")
+	if err == nil || publish.IsRefused(err) || strings.Contains(err.Error(), "sekret") {
+		t.Fatalf("DialAny with no node answering: %v; want an unreachable broker, no password", err)
 	}
 }

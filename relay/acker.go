@@ -61,7 +61,6 @@ func (p *pipeline) acker(ctx context.Context, stop <-chan struct{}) error {
 		}
 		last = time.Now()
 		err := p.flushAck(ctx, final)
-		p.r.failover.save()
 		p.observe(ctx)
 		switch {
 		case err == nil:

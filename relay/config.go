@@ -113,7 +113,7 @@ type Config struct {
 	// *LostGTIDsError.
 	AcceptLostGTIDs bool
 	// StateFile, if set, is a local file that keeps the newest position this
-	// process acknowledged across restarts (see stateFile): the lossy-failover
+	// process published across restarts (see stateFile): the lossy-failover
 	// check of a process started fresh compares the server with it instead of
 	// only with the replicated progress row. Its directory must exist and be
 	// writable; one file per relay name.

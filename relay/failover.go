@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -65,12 +66,14 @@ func (e *LostGTIDsError) Error() string {
 // kept across reconnects and leader terms and, with Config.StateFile,
 // across restarts (stateFile), and the check that compares it with every
 // server the relay resumes on. The lanes record each message before its
-// publish (sent), the acker each acknowledged position (acked) and then
-// saves the state file (save); a term checks before it reads (checkNotLost)
-// and the binlog stream after each reconnect (checkReconnect).
+// publish (sent), the acker each acknowledged position (acked), and the
+// pipeline's state-file goroutine writes the file as that moves (follow,
+// save), apart from both; a term checks before it starts anything that
+// publishes (checkNotLost, from checkTerm and runPoll) and the binlog
+// stream after each reconnect (checkReconnect).
 //
 // sent, acked and the checks are safe for concurrent use; save is called
-// by one goroutine at a time (the acker, or the term after its pipeline).
+// by one goroutine at a time (follow, or the term after its pipeline).
 type failoverCheck struct {
 	log    *zap.Logger
 	server gtidServer
@@ -119,11 +122,41 @@ func (f *failoverCheck) acked(p position.Position) {
 // startTerm fixes the flavor of the GTIDs a term reads.
 func (f *failoverCheck) startTerm(flavor string) { f.published.startTerm(flavor) }
 
-// save writes the newest published position to Config.StateFile when
-// it moved since the last write. Called by the acker after each round (at
-// most every ackGap while messages flow, every second otherwise) and at the
-// end of a term: a process killed less than that after sending a
-// transaction's first message may leave the file without it.
+// follow keeps Config.StateFile up with the published position until stop
+// closes: each time the position moves (a transaction's first message is
+// about to be sent, or a position is acknowledged) it writes the file
+// (save), at most once per ackGap. It needs neither the database nor the
+// acker, so a slow or hanging acknowledgement does not hold the file back:
+// a process killed at any time leaves a file that lacks at most the
+// transactions whose first message went out in the last ackGap. Without a
+// state file it returns at once.
+func (f *failoverCheck) follow(stop <-chan struct{}) {
+	if f.state == nil {
+		return
+	}
+	moved := f.published.moved()
+	gap := time.NewTimer(ackGap) // armed after each write
+	gap.Stop()
+	defer gap.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-moved:
+		}
+		f.save()
+		gap.Reset(ackGap)
+		select {
+		case <-stop:
+			return
+		case <-gap.C:
+		}
+	}
+}
+
+// save writes the newest published position to Config.StateFile when it
+// moved since the last write: from follow, and at the end of each binlog
+// mode run (Relay.runMode).
 func (f *failoverCheck) save() {
 	if f.state == nil {
 		return
@@ -174,13 +207,13 @@ func (f *failoverCheck) load() error {
 	return nil
 }
 
-// checkNotLost is run before a term reads the binlog: the server's executed
-// GTID set must contain the newest position this process published, or the
-// stored one when the process has published none (a process started fresh
-// knows only the row, which after a failover is the replicated one). It
-// returns a *LostGTIDsError when it does not; with AcceptLostGTIDs it logs
-// what is skipped and reports lost = true instead: the caller then starts
-// from the server's own position.
+// checkNotLost is run before a term (each mode of it) starts anything that
+// publishes: the server's executed GTID set must contain the newest
+// position this process published, or the stored one when the process has
+// published none (a process started fresh knows only the row, which after
+// a failover is the replicated one). It returns a *LostGTIDsError when it
+// does not; with AcceptLostGTIDs it logs what is skipped and reports lost =
+// true instead: the caller then starts from the server's own position.
 func (f *failoverCheck) checkNotLost(ctx context.Context, stored position.Position) (lost bool, err error) {
 	lostErr, err := f.lossOn(ctx, stored)
 	if err != nil || lostErr == nil {

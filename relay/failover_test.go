@@ -30,6 +30,7 @@ type failoverRig struct {
 	db               *testenv.DB
 	b                *testenv.Broker
 	vip              *testenv.FaultProxy
+	binlogVIP        *testenv.FaultProxy // the binlog stream's own proxy, when it has one (else it goes through vip)
 	v                *validator.Validator
 	rr               *relayRun
 	// replayable are the message ids of the rows the promoted replica's
@@ -200,6 +201,15 @@ func lossyRig(ctx context.Context, t *testing.T, accept bool, tweak ...func(*Con
 func stoppedReplicaRig(ctx context.Context, t *testing.T, accept bool, tweak ...func(*Config)) *failoverRig {
 	t.Helper()
 	f := newFailoverRig(t, accept, tweak...)
+	f.stopReplica(ctx, t)
+	return f
+}
+
+// stopReplica waits until the rig's relay tails, has it deliver some rows
+// (all of them acknowledged) that the replica then catches up with, and
+// stops the replica: it lacks whatever the primary commits from now on.
+func (f *failoverRig) stopReplica(ctx context.Context, t *testing.T) {
+	t.Helper()
 	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
 	produce(ctx, t, f.db, f.b, f.v, load{producers: 2, partitions: 10, total: 300, bigTxn: 10, bigShare: 0.3})
 	if err := f.v.WaitComplete(ctx); err != nil {
@@ -210,7 +220,6 @@ func stoppedReplicaRig(ctx context.Context, t *testing.T, accept bool, tweak ...
 	if _, err := f.replica.Root(t).ExecContext(ctx, "STOP SLAVE"); err != nil {
 		t.Fatalf("stop the replica: %v", err)
 	}
-	return f
 }
 
 // A lossy failover: the relay (the same process, which remembers a newer

@@ -92,6 +92,11 @@ type fakeStore struct {
 	paused   []int64  // MarkPaused's epochs
 	pending  map[uint64]bool
 	ackErrs  []error // returned by the next Acks, in turn
+	// ackStall, when set, holds every Ack (a database that stopped
+	// answering) until it is closed or the Ack's ctx ends; stalled counts
+	// the Acks it holds.
+	ackStall chan struct{}
+	stalled  int
 	changed  chan struct{}
 }
 
@@ -114,6 +119,17 @@ func (s *fakeStore) Load(ctx context.Context) (checkpoint.Progress, error) {
 
 func (s *fakeStore) Ack(ctx context.Context, epoch int64, a checkpoint.Ack) error {
 	s.mu.Lock()
+	if stall := s.ackStall; stall != nil {
+		s.stalled++
+		s.mu.Unlock()
+		s.notify()
+		select {
+		case <-stall:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
 	defer s.notify()
 	if len(s.ackErrs) > 0 {
@@ -141,7 +157,9 @@ func (s *fakeStore) SetMode(ctx context.Context, epoch int64, mode, reason strin
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.modes = append(s.modes, mode)
-	s.progress.Mode = mode
+	if mode != "" { // as checkpoint.Store: an empty mode records only the reason
+		s.progress.Mode = mode
+	}
 	return nil
 }
 
@@ -266,8 +284,11 @@ func unitRelay(t *testing.T, store *fakeStore, mod func(*Config)) *Relay {
 	}
 	cfg.SetDefaults()
 	log := cfg.Logger
-	return &Relay{cfg: cfg, log: log, progress: store, failover: &failoverCheck{log: log, server: &fakeServer{}},
-		tablesShape: func(context.Context) error { return nil }}
+	f := &failoverCheck{log: log, server: &fakeServer{}}
+	if cfg.StateFile != "" {
+		f.state = &stateFile{path: cfg.StateFile, relayName: cfg.RelayName}
+	}
+	return &Relay{cfg: cfg, log: log, progress: store, failover: f, tablesShape: func(context.Context) error { return nil }}
 }
 
 // rec is an outbox row of partition key.

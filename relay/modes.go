@@ -152,7 +152,7 @@ func (r *Relay) runMode(ctx context.Context, leader lease, mode Mode, pauseChang
 		next, err = r.modes.poll(runCtx, leader)
 	} else {
 		next, err = r.modes.binlog(runCtx, leader)
-		r.failover.save()               // what the lanes sent after the acker's last round
+		r.failover.save()               // what moved after the state file writer's last write
 		r.cfg.Metrics.SetInflight(0, 0) // the pipeline has ended: nothing of it is in flight
 	}
 	return next, runCtx.Err() != nil && ctx.Err() == nil, err

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/checkpoint/leadership"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/ordering"
@@ -71,6 +72,11 @@ type laneItem struct {
 // switch to poll mode when an auto relay cannot read the binlog: then, as at
 // shutdown, it first waits for in-flight confirms and acknowledges them.
 //
+// Nothing that publishes starts before the term's lossy-failover check
+// (checkTerm) has returned: a server that lacks published transactions is
+// refused before a lane, the due-time sweep or the sweep before tailing
+// could publish (and delete) a row on it.
+//
 // It reads on the caller's goroutine and owns a group of named goroutines:
 //
 //   - "lease-watch" ends reading and publishing at once when leadership is lost;
@@ -78,6 +84,8 @@ type laneItem struct {
 //     (shutdown or pause), or after ShutdownTimeout (stopReading);
 //   - "lane", one per lane, publishes its queue in order (runLane);
 //   - "acker" acknowledges the low watermark (acker);
+//   - "state-file" writes Config.StateFile as the published position moves,
+//     whatever the acknowledgements do (failoverCheck.follow);
 //   - "sweep-delayed" delivers due delayed rows (sweepDelayed);
 //   - "settings-watch" says when the server's binlog settings change under
 //     it (watchSettings).
@@ -87,7 +95,8 @@ type laneItem struct {
 // closed; in-flight confirms are drained, bounded by ShutdownTimeout, on
 // a shutdown or a fallback (otherwise publishing stops at once: what is
 // not acknowledged is published again by the next term); the acker, after
-// its final acknowledgement; the lanes.
+// its final acknowledgement; the lanes; the state file's writer (the term
+// writes the file once more after the run: Relay.runMode).
 func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error) {
 	var g group
 	defer g.Close()
@@ -110,9 +119,10 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 		return nil
 	})
 
-	progress, err := r.progress.Load(readCtx)
+	// Before anything of the term can publish: the lossy-failover check.
+	progress, lost, err := r.checkTerm(ctx, readCtx)
 	if err != nil {
-		return nil, err
+		return binlogEnd(r.log, ctx.Err() != nil && leader.Err() == nil, nil, err, nil, leader.Err())
 	}
 	publisher, err := r.openBinlog(pubCtx, leader)
 	if err != nil {
@@ -131,7 +141,7 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	settingsStop := make(chan struct{})
 	g.Go("settings-watch", func() { close(settingsStop) }, func() error { p.watchSettings(readCtx, settingsStop); return nil })
 
-	readErr := p.read(readCtx, progress)
+	readErr := p.read(readCtx, progress, lost)
 	g.Stop("settings-watch")
 	g.Stop("sweep-delayed") // between rounds: a round under way commits
 	g.Signal("lane")        // close the queues: a lane returns once it has published its queue
@@ -157,9 +167,30 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	return binlogEnd(r.log, shuttingDown, next, readErr, ackErr, leader.Err())
 }
 
+// checkTerm reads the stored progress row and runs the term's
+// lossy-failover check (failoverCheck.checkNotLost) with it, before
+// anything of the term is started. Both end with readCtx (leadership lost)
+// and with ctx (a shutdown or a pause: nothing is under way yet to be read
+// to its end). lost: the server lacks published transactions and
+// Config.AcceptLostGTIDs lets the term resume from the server's own
+// position.
+func (r *Relay) checkTerm(ctx, readCtx context.Context) (progress checkpoint.Progress, lost bool, err error) {
+	checkCtx, cancel := context.WithCancel(readCtx)
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
+	if progress, err = r.progress.Load(checkCtx); err != nil {
+		return progress, false, err
+	}
+	// A promoted replica, or a VIP that moved, may lack what was published:
+	// checked on every term (docs/operations.md, "Primary failover").
+	lost, err = r.failover.checkNotLost(checkCtx, storedPosition(progress))
+	return progress, lost, err
+}
+
 // stopPipeline is the rest of binlog mode's shutdown policy, run once
 // reading has ended and the sweep and the lanes' queues are stopped: it
-// stops the acker, then the lanes, and returns the acker's error. With
+// stops the acker, then the lanes, then the state file's writer, and
+// returns the acker's error. With
 // drain it first waits (bounded by ShutdownTimeout) for the confirms of
 // everything published, so the acker's final round acknowledges it;
 // without, publishing stops at once.
@@ -172,6 +203,7 @@ func (p *pipeline) stopPipeline(g *group, pubCtx context.Context, cancelPub cont
 	ackErr := g.Stop("acker")
 	cancelPub()
 	_ = g.Wait("lane") // a lane's error is the term's end, already seen by reading or the acker
+	_ = g.Stop("state-file")
 	return ackErr
 }
 
@@ -236,14 +268,16 @@ func (r *Relay) newPipeline(leader lease, pub binlogPublisher, cancelRead contex
 	return p
 }
 
-// start runs the lanes and the acker in g, publishing and acknowledging
-// under pubCtx.
+// start runs the lanes, the acker and the state file's writer in g,
+// publishing and acknowledging under pubCtx.
 func (p *pipeline) start(g *group, pubCtx context.Context) {
 	for i := range p.queues {
 		g.Go("lane", func() { close(p.queues[i]) }, func() error { return p.runLane(pubCtx, i) })
 	}
 	ackStop := make(chan struct{})
 	g.Go("acker", func() { close(ackStop) }, func() error { return p.acker(pubCtx, ackStop) })
+	stateStop := make(chan struct{})
+	g.Go("state-file", func() { close(stateStop) }, func() error { p.r.failover.follow(stateStop); return nil })
 }
 
 // openLanes opens one sink per lane with open (whose callback gets every

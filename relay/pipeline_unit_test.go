@@ -3,11 +3,13 @@ package relay
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/canal"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/position"
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -293,5 +295,41 @@ func TestUnitHandoverWindow(t *testing.T) {
 	})
 	if _, _, last := u.store.acked(); last.Mode != string(ModeBinlog) {
 		t.Fatalf("mode stored past the window %q, want binlog", last.Mode)
+	}
+}
+
+// The state file follows what the lanes send on its own, whatever the
+// acknowledgements do: while an acknowledgement hangs (a database that
+// stopped answering), a transaction of which a message went out reaches
+// the file within a few ackGaps.
+func TestUnitStateFileFollowsSentWhileAckStalls(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state.json")
+	u := startUnitPipeline(t, func(c *Config) { c.StateFile = state })
+	u.p.r.failover.startTerm(position.FlavorMariaDB)
+	stall := make(chan struct{})
+	defer close(stall)
+	u.store.mu.Lock()
+	u.store.ackStall = stall
+	u.store.mu.Unlock()
+	first, second := rec(1, "a"), rec(2, "b")
+	first.GTID, second.GTID = "0-1-11", "0-1-12"
+
+	u.read(t, 1, txn{rows: []*outbox.Record{first}, pos: mariaPos("0-1-11")})
+	u.sinkOf("a").resolve(t, 1, publish.Confirmed, "")
+	u.store.until(t, "the acknowledgement of 0-1-11 hangs", func() bool {
+		u.store.mu.Lock()
+		defer u.store.mu.Unlock()
+		return u.store.stalled > 0
+	})
+	u.read(t, 1, txn{rows: []*outbox.Record{second}, pos: mariaPos("0-1-12")})
+	file := &stateFile{path: state, relayName: u.p.r.cfg.RelayName}
+	var saved position.Position
+	// A hundred times the promise (ackGap) for a loaded machine.
+	err := progress.WaitPatience(context.Background(), 100*ackGap, "the state file holds 0-1-12", nil, func() bool {
+		saved, _ = file.load()
+		return saved.GTIDSet == "0-1-12"
+	})
+	if err != nil {
+		t.Fatalf("the state file holds %q while the acknowledgement hangs, want 0-1-12 (sent): %v", saved.GTIDSet, err)
 	}
 }

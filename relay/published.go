@@ -35,6 +35,9 @@ type publishedLog struct {
 	from     string          // where the set's content came from, for the refusal
 	unfolded []string        // GTIDs sent since the last fold
 	changed  bool            // the position moved since the last take
+	// movedCh (capacity 1, made by moved) receives when changed is set:
+	// the state file's writer waits on it.
+	movedCh chan struct{}
 	// loaded is the position load started the log from (the state file's)
 	// and loadedFrom its source: from names only the latest source, and a
 	// refusal must still name the file when what a server lacks came from it.
@@ -71,7 +74,7 @@ func (l *publishedLog) sent(rec *outbox.Record) {
 		l.txns[rec.GTID] = tx
 		l.recent = append(l.recent, tx)
 		l.unfolded = append(l.unfolded, rec.GTID)
-		l.changed = true
+		l.setChangedLocked()
 	}
 	tx.sent++
 	if len(tx.mids) < recentLimit {
@@ -160,15 +163,39 @@ func (l *publishedLog) addLocked(gtids, from string) error {
 		if err != nil {
 			return fmt.Errorf("published position %q: %w", gtids, err)
 		}
-		l.set, l.from, l.changed = set, from, true
+		l.set, l.from = set, from
+		l.setChangedLocked()
 		return nil
 	}
 	if err := l.set.Passed(position.Position{Flavor: l.flavor, GTIDSet: gtids}); err != nil {
 		return fmt.Errorf("published position %q: %w", gtids, err)
 	}
-	l.changed = true
+	l.setChangedLocked()
 	l.from = from
 	return nil
+}
+
+// setChangedLocked records that the position moved since the last take,
+// and says so on movedCh without waiting (one pending signal stands for
+// any number of moves).
+func (l *publishedLog) setChangedLocked() {
+	l.changed = true
+	select {
+	case l.movedCh <- struct{}{}: // a nil movedCh (nobody waits) is never ready
+	default:
+	}
+}
+
+// moved returns a channel that receives after the published position moved
+// (take then has something to return). Signals coalesce: after a receive,
+// take returns every move up to then.
+func (l *publishedLog) moved() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.movedCh == nil {
+		l.movedCh = make(chan struct{}, 1)
+	}
+	return l.movedCh
 }
 
 // foldLocked moves the GTIDs sent since the last fold into the set.

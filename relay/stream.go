@@ -15,82 +15,29 @@ import (
 	"github.com/outbox-relay/outbox-relay/position"
 )
 
+// storedPosition is the binlog position of a progress row.
+func storedPosition(progress checkpoint.Progress) position.Position {
+	st := progress.Position
+	return position.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)}
+}
+
 // read delivers what is already pending when needed, then tails the binlog
-// until ctx ends or an error.
-func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error {
+// until ctx ends or an error. progress is the stored row, which the term's
+// failover check (checkTerm) compared with the server; lost: the server
+// lacks published transactions and Config.AcceptLostGTIDs resumes from its
+// own position.
+func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost bool) error {
 	r := p.r
 	h := &handler{p: p}
-	var from position.Position
-	st := progress.Position
-	stored := position.Position{Flavor: st.Flavor, GTIDSet: st.GTIDSet, File: st.File, Pos: uint32(st.Pos)}
-	// A promoted replica, or a VIP that moved, may lack what was published:
-	// checked on every term, before anything is read (docs/operations.md).
-	lost, err := r.failover.checkNotLost(ctx, stored)
-	if err != nil {
-		return err
-	}
+	from := storedPosition(progress)
 	if progress.Position.IsZero() || Mode(progress.Mode) == ModePoll || lost {
-		// First start (or the last leader polled): the stored position, if
-		// any, is older than what was delivered. Take the server's position
-		// Gs, deliver everything pending (the sweep), take Ge, and tail from
-		// Gs publishing only rows still pending up to Ge (docs/operations.md, "Modes").
-		//
-		// Gs and Ge come from consistent snapshots (canal.SnapshotPosition):
-		// every transaction at or before one is visible to every read after
-		// it was taken, and none after it was visible then. So:
-		//  - a transaction in Gs is visible to the sweep, which starts after
-		//    Gs: the sweep delivers its rows (or a poller did before); the
-		//    tail starts after Gs and rightly skips it.
-		//  - a transaction the sweep saw was visible before Ge was taken,
-		//    so it is in Ge: past Ge the tail publishes everything and sends
-		//    nothing the sweep sent.
-		//  - a transaction between Gs and Ge is visible to the window's
-		//    pending checks, which run after Ge was taken: a row still
-		//    pending was not delivered by the sweep (which deletes or marks
-		//    what it delivers, and committed before Ge), so it is published
-		//    once; a row gone was delivered.
-		// @@gtid_binlog_pos would not do: it holds a transaction from its
-		// binlog write on, before its commit is visible, so that transaction
-		// could be in Gs yet invisible to the sweep (delivered by neither),
-		// or at or before Ge yet invisible to a pending check (skipped).
-		// After a lossy failover accepted with --accept-lost-gtids the
-		// stored position is no reference either: the same applies.
-		p.mode.Store(ModePoll)
-		gs, err := r.binlog.SnapshotPosition(ctx)
-		if err != nil {
-			return fmt.Errorf("read the server's binlog position before the sweep: %w", err)
-		}
-		drainer, err := p.pub.Drainer()
-		if err != nil {
+		var stopped bool
+		var err error
+		if from, stopped, err = p.sweepThenWindow(ctx, h); err != nil || stopped {
 			return err
 		}
-		swept, err := p.sweep(ctx, drainer)
-		if errors.Is(err, poller.ErrStopped) {
-			r.log.Info("stopped delivering the rows pending before the binlog (the sweep); the rest is delivered when the relay resumes or restarts",
-				zap.Int("rows", swept))
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("deliver pending rows before tailing: %w", err)
-		}
-		ge, err := r.binlog.SnapshotPosition(ctx)
-		if err != nil {
-			return fmt.Errorf("read the server's binlog position after the sweep: %w", err)
-		}
-		r.log.Info("delivered pending rows before tailing the binlog", zap.Int("rows", swept),
-			zap.String("from", gs.String()), zap.String("until", ge.String()))
-		from = gs
-		if err := h.openWindow(gs, ge, r.cfg.MaxInflightBytes); err != nil {
-			return err
-		}
-		if !h.window {
-			p.mode.Store(ModeBinlog)
-		}
-	} else {
-		from = stored
-		if err := r.binlog.CheckPosition(ctx, from); err != nil {
-			return positionError(err)
-		}
+	} else if err := r.binlog.CheckPosition(ctx, from); err != nil {
+		return positionError(err)
 	}
 	r.failover.startTerm(from.Flavor)
 	src, err := r.binlog.Open(func(err error, attempt int) {
@@ -110,6 +57,70 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress) error
 		return nil
 	}
 	return r.binlogOnlyError(positionError(err))
+}
+
+// sweepThenWindow starts a term whose stored position, if any, is older
+// than what was delivered (a first start, the last leader polled, or a
+// lossy failover accepted with --accept-lost-gtids): it takes the server's
+// position Gs, delivers everything pending (the sweep), takes Ge, and
+// opens h's handover window: the tail starts from Gs (from) and publishes
+// only rows still pending up to Ge (docs/operations.md, "Modes"). stopped:
+// a shutdown or a pause ended the sweep, and nothing is to be tailed.
+//
+// Gs and Ge come from consistent snapshots (canal.SnapshotPosition): every
+// transaction at or before one is visible to every read after it was
+// taken, and none after it was visible then. So:
+//   - a transaction in Gs is visible to the sweep, which starts after Gs:
+//     the sweep delivers its rows (or a poller did before); the tail starts
+//     after Gs and rightly skips it.
+//   - a transaction the sweep saw was visible before Ge was taken, so it is
+//     in Ge: past Ge the tail publishes everything and sends nothing the
+//     sweep sent.
+//   - a transaction between Gs and Ge is visible to the window's pending
+//     checks, which run after Ge was taken: a row still pending was not
+//     delivered by the sweep (which deletes or marks what it delivers, and
+//     committed before Ge), so it is published once; a row gone was
+//     delivered.
+//
+// @@gtid_binlog_pos would not do: it holds a transaction from its binlog
+// write on, before its commit is visible, so that transaction could be in
+// Gs yet invisible to the sweep (delivered by neither), or at or before Ge
+// yet invisible to a pending check (skipped). After a lossy failover
+// accepted with --accept-lost-gtids the stored position is no reference
+// either: the same applies.
+func (p *pipeline) sweepThenWindow(ctx context.Context, h *handler) (from position.Position, stopped bool, err error) {
+	r := p.r
+	p.mode.Store(ModePoll)
+	gs, err := r.binlog.SnapshotPosition(ctx)
+	if err != nil {
+		return from, false, fmt.Errorf("read the server's binlog position before the sweep: %w", err)
+	}
+	drainer, err := p.pub.Drainer()
+	if err != nil {
+		return from, false, err
+	}
+	swept, err := p.sweep(ctx, drainer)
+	if errors.Is(err, poller.ErrStopped) {
+		r.log.Info("stopped delivering the rows pending before the binlog (the sweep); the rest is delivered when the relay resumes or restarts",
+			zap.Int("rows", swept))
+		return from, true, nil
+	}
+	if err != nil {
+		return from, false, fmt.Errorf("deliver pending rows before tailing: %w", err)
+	}
+	ge, err := r.binlog.SnapshotPosition(ctx)
+	if err != nil {
+		return from, false, fmt.Errorf("read the server's binlog position after the sweep: %w", err)
+	}
+	r.log.Info("delivered pending rows before tailing the binlog", zap.Int("rows", swept),
+		zap.String("from", gs.String()), zap.String("until", ge.String()))
+	if err := h.openWindow(gs, ge, r.cfg.MaxInflightBytes); err != nil {
+		return from, false, err
+	}
+	if !h.window {
+		p.mode.Store(ModeBinlog)
+	}
+	return gs, false, nil
 }
 
 // binlogOnlyError makes binlog events that cannot be given as committed

@@ -115,7 +115,7 @@ func (u *unitPipeline) startRead(t *testing.T, src *scriptSource, at position.Po
 	t.Cleanup(stopTerm)
 	u.g.Go("stop-reading", u.cancelRead, func() error { u.p.stopReading(termCtx, u.readCtx); return nil })
 	rd := &unitRead{stopTerm: stopTerm, readDone: make(chan error, 1)}
-	go func() { rd.readDone <- u.p.read(u.readCtx, checkpoint.Progress{Position: at, Mode: ""}) }()
+	go func() { rd.readDone <- u.p.read(u.readCtx, checkpoint.Progress{Position: at, Mode: ""}, false) }()
 	return rd
 }
 

@@ -38,7 +38,10 @@ const (
 // Config configures one replay.
 type Config struct {
 	MySQLDSN string // go-sql-driver form user:pass@tcp(host:port)/db; the user needs REPLICATION SLAVE, REPLICATION CLIENT and SELECT on outbox_relay_progress
-	AMQPURL  string // ignored by a dry run
+	// AMQPURL is the broker: one URL, or several separated by commas (the
+	// nodes of a cluster, publish.SplitURLs), dialled in turn until one
+	// answers. Ignored by a dry run.
+	AMQPURL string
 	// AMQPOptions are the TLS files and the password file for AMQPURL.
 	AMQPOptions publish.ConnOptions
 	Table       string // outbox table; default "outbox"

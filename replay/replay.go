@@ -255,9 +255,10 @@ func relayEpoch(ctx context.Context, db *sql.DB, name string) (int64, error) {
 // checkBroker fails a replay whose broker cannot be reached now (the
 // publisher would wait for it in silence), refuses one that refuses the
 // login or the TLS handshake (a configuration to fix), and refuses an
-// --exchange that does not exist (every message would come back).
-func checkBroker(ctx context.Context, url string, opts publish.ConnOptions, exchange string) error {
-	conn, err := publish.Dial(ctx, url, opts, "outbox-relay replay check")
+// --exchange that does not exist (every message would come back). urls
+// may list a cluster's nodes: the first that answers is checked.
+func checkBroker(ctx context.Context, urls string, opts publish.ConnOptions, exchange string) error {
+	conn, _, err := publish.DialAny(ctx, urls, opts, "outbox-relay replay check")
 	if publish.IsRefused(err) {
 		return &RefusedError{fmt.Errorf("replay: %w", err)}
 	}

@@ -9,9 +9,6 @@ import (
 // defaultAMQPURL is --amqp-url's default: the local broker as guest.
 const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
 
-// singleAMQPURL is --amqp-url's usage for a command that dials one URL.
-const singleAMQPURL = "RabbitMQ `url` amqp://user:pass@host:5672/vhost, or amqps://…:5671/ for TLS"
-
 // declareAMQP declares --amqp-url with urlUsage (what the command does with
 // it: one URL, or a list of a cluster's nodes) and the TLS and password-file
 // flags that go with it, the same in every command that connects to

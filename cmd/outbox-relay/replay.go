@@ -87,7 +87,7 @@ func declareReplay(fs *flag.FlagSet) (config func() (replay.Config, error), asJS
 	var serverID uint
 	asJSON = new(bool)
 	my := declareMySQL(fs, defaultDSN, "MySQL/MariaDB `dsn` user:pass@tcp(host:port)/dbname; the user needs REPLICATION SLAVE, REPLICATION CLIENT and SELECT on outbox_relay_progress")
-	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions, singleAMQPURL)
+	declareAMQP(fs, &cfg.AMQPURL, &cfg.AMQPOptions, "RabbitMQ `url` amqp://user:pass@host:5672/vhost, or amqps://…:5671/ for TLS; several URLs separated by commas for the nodes of a cluster: the replay connects to the first that answers")
 	declareTable(fs, &cfg.Table)
 	declareRelayName(fs, &cfg.RelayName, "default", "relay `name` whose current epoch the messages carry in x-relay-epoch (read only)")
 	fs.StringVar(&cfg.DefaultExchange, "default-exchange", "", "`exchange` for rows whose exchange column is empty")

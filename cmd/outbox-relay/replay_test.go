@@ -271,3 +271,43 @@ func checkReplayedCLI(t *testing.T, got []amqp.Delivery, want []committed, excha
 		t.Fatalf("%d replayed deliveries, want %d:\n  %s", len(got), len(want), strings.Join(problems[:min(len(problems), 20)], "\n  "))
 	}
 }
+
+// replay takes --amqp-url as run does: several URLs separated by commas,
+// the nodes of a cluster, dialled in turn until one answers. Whichever
+// node answers, the range is replayed, and nothing it prints shows a
+// password of any of the URLs (a list once dialled as one URL made the
+// broker quote the rest of the list, credentials included, as an unknown
+// vhost).
+func TestReplayClusterURLs(t *testing.T) {
+	ctx := testenv.WorkContext(t)
+	db := testenv.MySQL(t)
+	b := testenv.RabbitMQ(t)
+	migrate(t, db.DSN)
+	// A password shorter than redact.MinSecret, which the last line of
+	// defence (redact.Writer) leaves alone: only the error paths themselves
+	// can keep it out.
+	short := secretUnderTest{"the short AMQP password of the third URL", "Q~z", nil}
+	scan := newLeakScanner(t, leakAMQPPassword, leakNode2Password, short)
+	live := amqpURLWith(t, b.URL, rabbitUser(t, leakAMQPPassword.password), leakAMQPPassword.password)
+	dead := amqpURLWith(t, "amqp://127.0.0.1:1/", "leak2", leakNode2Password.password)
+	deadShort := amqpURLWith(t, "amqp://127.0.0.1:1/", "leak3", short.password)
+	from := binlogPos(ctx, t, db)
+	msgs := writeTxns(ctx, t, db, validator.New(), b.Exchange, "range", 5)
+	to := binlogPos(ctx, t, db)
+	for _, tc := range []struct{ name, urls string }{
+		{"the first node answers", live + "," + dead},
+		{"the first node is down", dead + ", " + live},
+		{"a short password after the node that answers", live + "," + deadShort},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			scan := &leakScanner{t: t, needles: scan.needles}
+			r := runBinary(t, relayBinary(t), nil, "replay", "--mysql-dsn", db.DSN, "--amqp-url", tc.urls,
+				"--default-exchange", b.Exchange, "--from-gtid", from, "--to-gtid", to, "--json", "--log-level", "debug")
+			scan.checkResult("replay", r)
+			var sum struct{ Messages, Confirmed int }
+			if r.code != 0 || json.Unmarshal([]byte(r.stdout), &sum) != nil || sum.Confirmed != len(msgs) {
+				t.Fatalf("replay with a list of URLs: %+v; want exit 0 with %d messages confirmed", r, len(msgs))
+			}
+		})
+	}
+}

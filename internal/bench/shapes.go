@@ -324,7 +324,7 @@ func (b *bencher) prime(ctx context.Context, binary, mode string) error {
 // (the partition key of message i is key i % s.Keys) from one channel with
 // at most window unconfirmed, and returns msgs/s until the queue held them.
 func (b *bencher) bareShape(ctx context.Context, phase string, s Shape, window int, filled func() error) (float64, error) {
-	conn, err := publish.Dial(ctx, b.cfg.AMQPURL, b.cfg.AMQPOptions, "outbox-relay bench bare publisher")
+	conn, err := publish.Dial(ctx, b.cfg.firstURL(), b.cfg.AMQPOptions, "outbox-relay bench bare publisher")
 	if err != nil {
 		return 0, err
 	}
