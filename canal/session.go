@@ -331,7 +331,10 @@ func (s *session) rowsEvent(ctx context.Context, ev *replication.BinlogEvent, e 
 		}
 		rec, err := s.colMap.record(row, skipped)
 		if err != nil {
-			return fmt.Errorf("transaction %s, outbox row %d: %w", s.txnID, s.rows, s.schemaError(err, e.Table))
+			if err = s.schemaError(err, e.Table); errors.As(err, new(*SchemaError)) {
+				return fmt.Errorf("outbox row %d: %w", s.rows, err) // the error names the transaction
+			}
+			return fmt.Errorf("transaction %s, outbox row %d: %w", s.txnID, s.rows, err)
 		}
 		if s.txnGTID.valid() {
 			rec.GTID = s.txnID

@@ -15,10 +15,24 @@ import (
 // into, as it names it (qualifier "" when unqualified), and whether the
 // statement is such a write. Leading comments and whitespace are skipped.
 // UPDATE and DELETE are not writes here: they create no message (a
-// row-logged UPDATE or DELETE of the outbox is not read either).
+// row-logged UPDATE or DELETE of the outbox is not read either). Rows a
+// trigger, a view or a stored routine writes into the outbox are not seen
+// in the statement either: binlog_format=ROW is the requirement.
 func writeTarget(q []byte) (qualifier, table string, ok bool) {
 	sc := scanner{s: q}
-	switch kw := strings.ToUpper(sc.word()); kw {
+	kw := strings.ToUpper(sc.word())
+	if kw == "SET" && strings.EqualFold(sc.peekWord(), "STATEMENT") {
+		// MariaDB's SET STATEMENT var=value[, …] FOR statement.
+		for kw != "FOR" && kw != "" {
+			sc.skip()
+			quoted := sc.i < len(sc.s) && (sc.s[sc.i] == '\'' || sc.s[sc.i] == '"' || sc.s[sc.i] == '`')
+			if kw = strings.ToUpper(sc.word()); quoted && kw != "" {
+				kw = "'" // a value, never the keyword
+			}
+		}
+		kw = strings.ToUpper(sc.word())
+	}
+	switch kw {
 	case "INSERT", "REPLACE":
 		for {
 			w := strings.ToUpper(sc.peekWord())
@@ -90,7 +104,7 @@ func (sc *scanner) skip() {
 				return
 			}
 			sc.i += end + 4
-		case c == '#' || bytes.HasPrefix(sc.s[sc.i:], []byte("-- ")):
+		case c == '#' || isDashComment(sc.s[sc.i:]):
 			end := bytes.IndexByte(sc.s[sc.i:], '\n')
 			if end < 0 {
 				sc.i = len(sc.s)
@@ -169,6 +183,12 @@ func (sc *scanner) tableName() (qualifier, table string, ok bool) {
 		return first, second, second != ""
 	}
 	return "", first, true
+}
+
+// isDashComment reports whether b starts a "-- " comment: two dashes and
+// a space or a control character (or the end).
+func isDashComment(b []byte) bool {
+	return len(b) >= 2 && b[0] == '-' && b[1] == '-' && (len(b) == 2 || b[2] <= ' ')
 }
 
 func isIdentByte(c byte) bool {

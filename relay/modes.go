@@ -115,6 +115,7 @@ func (r *Relay) enterMode(ctx context.Context, leader lease, mode Mode, reason s
 		logMode = r.log.Warn
 	}
 	logMode("mode", zap.String("mode", string(mode)), zap.String("reason", reason))
+	r.modeReason.Store(reason)
 	r.cfg.Metrics.SetMode(string(mode))
 	if mode == ModePoll {
 		r.cfg.Metrics.SetRetentionHeadroom(math.NaN()) // no binlog position to lose

@@ -55,6 +55,8 @@ type Relay struct {
 	// (canal.ReadSettings in production; nil: not watched).
 	readSettings func(ctx context.Context) (canal.Settings, error)
 
+	modeReason atomic.Value // string: why the term entered its current mode (enterMode)
+
 	tailing atomic.Bool // leading, and reading the binlog past the first-start sweep
 	polling atomic.Bool // leading in poll mode
 	paused  atomic.Bool // leading a relay an operator paused, stopped
@@ -430,6 +432,12 @@ func (r *Relay) checkTables(ctx context.Context) error {
 	err = migrations.Current(qctx, r.db, r.cfg.Table)
 	var schemaErr *migrations.SchemaError
 	switch {
+	case migrations.ColumnGone(err):
+		// Renamed away or dropped, perhaps for a moment (a migration
+		// tool, a reverted ALTER): poll mode waits for it (waitShape);
+		// binlog mode reads the binlog up to the first event without
+		// it, and stops there naming it.
+		r.log.Warn("the outbox table lacks a column the relay reads; starting anyway", zap.Error(err))
 	case errors.As(err, &schemaErr):
 		return &ConfigError{fmt.Errorf("database %q: %w", r.canal.Schema, err)}
 	case err != nil && ctx.Err() == nil:

@@ -28,16 +28,19 @@ func (p *pipeline) watchSettings(ctx context.Context, stop <-chan struct{}) {
 	}
 	t := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer t.Stop()
-	var last canal.Settings
-	for first := true; ; first = false {
+	var (
+		last     canal.Settings
+		haveLast bool // a read succeeded: last is what the server had
+	)
+	for {
 		s, err := r.readSettings(ctx)
 		switch {
 		case err != nil:
 			r.log.Debug("binlog settings not read", zap.Error(err))
-		case first && len(s.Problems()) == 0:
-			last = s // as the start-up check saw them
-		case s != last:
-			last = s
+		case !haveLast && len(s.Problems()) == 0:
+			last, haveLast = s, true // as the start-up check saw them
+		case !haveLast || s != last:
+			last, haveLast = s, true
 			if p.settingsChanged(ctx, s) {
 				return
 			}

@@ -42,15 +42,12 @@ func (r *Relay) waitShape(ctx context.Context, leader lease) error {
 		case !errors.As(err, &schema):
 			return err
 		}
-		if schema.Got == "" && schema.Column != "" {
-			// Gone while the relay ran: renamed away or dropped, not
-			// an upgrade whose migrations were not run.
-			schema.Hint = "give the column its name back (renamed away or dropped while the relay runs), " +
-				"or run `outbox-relay migrate` if it was dropped on purpose"
-		}
 		if msg := err.Error(); msg != said {
 			said = msg
 			reason := "poll mode waits for the relay's tables: " + msg
+			if why, _ := r.modeReason.Load().(string); why != "" {
+				reason += " (poll mode because: " + why + ")"
+			}
 			r.log.Warn(reason+"; the rows written meanwhile stay in the table and are delivered once the columns are back",
 				zap.String("table", r.cfg.Table))
 			r.state.setNotReady(reason)

@@ -485,3 +485,38 @@ func TestXATransactions(t *testing.T) {
 		})
 	}
 }
+
+// An auto relay restarted (a deploy, a rescheduled pod) while a contract
+// column is still renamed away starts and waits, in poll mode, instead of
+// exiting; once the name is back it delivers everything.
+func TestRestartWhileColumnRenamed(t *testing.T) {
+	db, b := setup(t)
+	v := consume(t, b, b.Queue)
+	ctx := testenv.WorkContext(t)
+	cfg := Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, CheckpointInterval: time.Second,
+		BinlogRetryInterval: 300 * time.Millisecond, PollInterval: 50 * time.Millisecond}
+	rr := runRelay(t, cfg, nil)
+	waitFor(ctx, t, rr, "tailing", rr.r.Tailing)
+	odd := &oddRows{b: b, v: v}
+	odd.write(ctx, t, db.SQL, "message_type", 3)
+	exec(ctx, t, db.SQL, "ALTER TABLE outbox CHANGE message_type acc_msg_type VARCHAR(255) NOT NULL")
+	odd.write(ctx, t, db.SQL, "acc_msg_type", 3)
+	waitFor(ctx, t, rr, "waiting for the column", func() bool {
+		return strings.Contains(readStatus(ctx, t, db.SQL, "default").ModeReason, "poll mode waits")
+	})
+	if err := rr.stop(); err != nil {
+		t.Fatal(err)
+	}
+	again := runRelay(t, cfg, nil)
+	waitFor(ctx, t, again, "waiting for the column after the restart", func() bool {
+		st := readStatus(ctx, t, db.SQL, "default")
+		return st.Leader != nil && st.Leader.Alive && strings.Contains(st.ModeReason, "poll mode waits") &&
+			strings.Contains(st.ModeReason, "give the column its name back")
+	})
+	odd.write(ctx, t, db.SQL, "acc_msg_type", 3)
+	exec(ctx, t, db.SQL, "ALTER TABLE outbox CHANGE acc_msg_type message_type VARCHAR(255) NOT NULL")
+	settle(ctx, t, v)
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+}
