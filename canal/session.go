@@ -40,9 +40,9 @@ type session struct {
 	xaRows   int        // its outbox rows, held back (xa.go)
 	colMap   *columnMap // the column map of the last outbox TABLE_MAP seen
 
-	// prepared holds the XA transactions prepared in this Run and not yet
-	// decided: xid → how many outbox rows each wrote.
-	prepared map[string]int
+	// xaBook holds the XA transactions of this Run seen prepared and not
+	// yet decided.
+	xaBook   *xaBook
 	checksum bool // the binlog's events end with a CRC32 (FORMAT_DESCRIPTION)
 
 	// The transaction a failed connection interrupted after Row had seen
@@ -306,11 +306,14 @@ func isWriteRows(t replication.EventType) bool {
 }
 
 func (s *session) rowsEvent(ctx context.Context, ev *replication.BinlogEvent, e *replication.RowsEvent) error {
-	if s.skipTxn || !isWriteRows(ev.Header.EventType) || e.Rows == nil || !s.t.isOutbox(e.Table) {
+	if !isWriteRows(ev.Header.EventType) || e.Rows == nil || !s.t.isOutbox(e.Table) {
 		return nil
 	}
 	if s.xa {
-		s.xaRows += len(e.Rows) // held back until the decision (xa.go)
+		s.xaRows += len(e.Rows) // held back until the decision (xa.go), also when skipped
+		return nil
+	}
+	if s.skipTxn {
 		return nil
 	}
 	if s.colMap == nil || s.colMap.tme != e.Table {

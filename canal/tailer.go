@@ -69,7 +69,7 @@ func New(cfg Config) (*Tailer, error) {
 //
 // All goroutines Run starts (go-mysql's reader) have ended when it returns.
 func (t *Tailer) Run(ctx context.Context, from position.Position, h Handler) error {
-	s := &session{t: t, h: h, committed: from, gtidMode: from.GTIDMode()}
+	s := &session{t: t, h: h, committed: from, gtidMode: from.GTIDMode(), xaBook: newXABook()}
 	switch {
 	case t.cfg.Flavor != "" && from.Flavor != "" && from.Flavor != t.cfg.Flavor:
 		return fmt.Errorf("canal: start position %s is of flavor %q but the tailer is configured for %q", from, from.Flavor, t.cfg.Flavor)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/go-mysql-org/go-mysql/replication"
 	"go.uber.org/zap"
@@ -24,9 +25,35 @@ import (
 // the prepare they may still be rolled back, and at the commit they are
 // long past. It passes the prepare group as a transaction without rows (so
 // the position moves on) and remembers the xid with whether it wrote outbox
-// rows; at an XA COMMIT of an xid that wrote some, or of one prepared before
-// the stream's start, Run returns an *XACommitError: the rows are committed
-// now, and the caller reads them from the table. XA ROLLBACK needs nothing.
+// rows; at an XA COMMIT of an xid that wrote some, or of one whose prepare
+// it never read, Run returns an *XACommitError: the rows are committed now,
+// and the caller reads them from the table. XA ROLLBACK needs nothing. The
+// book holds only undecided transactions (bounded by the server's own).
+
+// xaBook holds the XA transactions a Run saw prepared and not yet decided,
+// each with how many outbox rows it wrote. It holds only undecided
+// transactions: a commit or rollback read removes its entry.
+type xaBook struct {
+	mu       sync.Mutex
+	prepared map[string]int
+}
+
+func newXABook() *xaBook { return &xaBook{prepared: make(map[string]int)} }
+
+func (b *xaBook) prepare(xid string, rows int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.prepared[xid] = rows
+}
+
+// decide forgets xid and returns what its prepare wrote, if it was seen.
+func (b *xaBook) decide(xid string) (rows int, seen bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rows, seen = b.prepared[xid]
+	delete(b.prepared, xid)
+	return rows, seen
+}
 
 // MariaDB GTID event flags go-mysql does not name.
 const (
@@ -97,11 +124,11 @@ func (s *session) xaQuery(ctx context.Context, ev *replication.BinlogEvent, verb
 		s.xa, s.xid, s.explicit = true, xid, true
 		return nil
 	case "ROLLBACK":
-		delete(s.prepared, xid)
+		s.xaBook.decide(xid)
 		return s.commit(ctx, ev)
 	case "COMMIT":
 		if s.skipTxn {
-			delete(s.prepared, xid)
+			s.xaBook.decide(xid)
 			return s.commit(ctx, ev)
 		}
 		return s.xaCommit(ctx, ev, xid, onePhase)
@@ -119,8 +146,7 @@ func (s *session) xaCommit(ctx context.Context, ev *replication.BinlogEvent, xid
 		}
 		return &XACommitError{GTID: s.txnID, XID: xid, Rows: s.xaRows, Seen: true}
 	}
-	rows, seen := s.prepared[xid]
-	delete(s.prepared, xid)
+	rows, seen := s.xaBook.decide(xid)
 	if seen && rows == 0 {
 		return s.commit(ctx, ev)
 	}
@@ -129,16 +155,14 @@ func (s *session) xaCommit(ctx context.Context, ev *replication.BinlogEvent, xid
 
 // xaPrepared ends an XA transaction's prepare group (its XA_PREPARE event):
 // a transaction without rows for the Handler, whose outbox rows wait for
-// the decision.
+// the decision. A prepare older than the stream's start (skipTxn) is
+// recorded too: its decision may come after it. MariaDB sends the prepare
+// groups of XA transactions still undecided at the start of every dump
+// (a replica needs them to apply the decision), so a Run knows them all;
+// MySQL does not.
 func (s *session) xaPrepared(ctx context.Context, ev *replication.BinlogEvent) error {
-	if s.skipTxn {
-		return s.commit(ctx, ev)
-	}
-	if s.prepared == nil {
-		s.prepared = make(map[string]int)
-	}
-	s.prepared[s.xid] = s.xaRows
-	if s.xaRows > 0 {
+	s.xaBook.prepare(s.xid, s.xaRows)
+	if s.xaRows > 0 && !s.skipTxn {
 		s.t.log.Info("XA transaction prepared with outbox rows: they are published once its XA COMMIT is read, never after XA ROLLBACK",
 			zap.String("xid", s.xid), zap.String("transaction", s.txnID), zap.Int("rows", s.xaRows))
 	}

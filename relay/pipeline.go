@@ -164,6 +164,9 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 		r.log.Info("binlog mode stopped; finishing in-flight confirms, then the handover to the binlog", zap.String("reason", next.reason))
 	}
 	ackErr := p.stopPipeline(&g, pubCtx, cancelPub, shuttingDown || next != nil)
+	if next != nil && next.handover {
+		r.waitXAVisible(ctx, readErr)
+	}
 	return binlogEnd(r.log, shuttingDown, next, readErr, ackErr, leader.Err())
 }
 
