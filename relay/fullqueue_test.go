@@ -26,9 +26,10 @@ const fullQueueLength = 50
 // a row every 20 ms: the broker nacks A's head again and again (never given
 // up: MaxAttempts is unbounded, so the queue stays full for the whole
 // test). Meanwhile 20,000 messages of 200 other keys, routed to another
-// queue, all arrive, exactly once and in commit order per key, and the
-// full queue still holds its 50 with A's rows still pending. Then a
-// consumer drains the full queue, and A's messages arrive too, in order.
+// queue, all arrive, exactly once and in commit order per key, and their
+// rows are acknowledged, while the full queue still holds its 50 with A's
+// rows still pending. Then a consumer drains the full queue, and A's
+// messages arrive too, in order.
 //
 // Before the fix, a Channel handed Results over in publish order across
 // keys: the confirmed messages behind A's nacked head never reached the
@@ -83,6 +84,9 @@ func TestRelayFullQueueHoldsBackOnlyItsKey(t *testing.T) {
 	if err := v.Check(validator.ExactlyOnce); err != nil {
 		t.Fatal(err)
 	}
+	// The other keys' rows are acknowledged (their budget freed) while A
+	// is held.
+	waitRows(ctx, t, db, "SELECT COUNT(*) FROM outbox WHERE partition_key NOT LIKE 'part-900-%'", 0)
 	// A was held back all along: its queue is still full and none of its
 	// rows was given up.
 	if n := depth(); n != fullQueueLength {
