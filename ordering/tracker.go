@@ -99,7 +99,9 @@ type txn[P any] struct {
 // transactions whose every row has an outcome.
 //
 // One goroutine (the reader) calls Add and Commit in binlog order; any
-// goroutine may call Done and Abandon; one goroutine (the acker) calls Take
+// goroutine may call Done and Abandon, for the tickets in any order (the
+// lanes' outcomes interleave, and within a lane a message held back by the
+// broker is passed by other keys'); one goroutine (the acker) calls Take
 // and Release. All methods are safe for concurrent use.
 type Tracker[P any] struct {
 	maxBytes int64

@@ -3,6 +3,7 @@ package ordering
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -275,5 +276,66 @@ func TestLanesKeepPartitionTogetherAndSpreadEmptyKeys(t *testing.T) {
 	}
 	if len(seen) != 8 {
 		t.Fatalf("empty keys used %d of 8 lanes", len(seen))
+	}
+}
+
+// Outcomes come in any order across keys: a Channel delivers the Result
+// of a message of one key while an earlier message of another key waits
+// for its retry. Resolved in a shuffled order, the position handed out
+// after each outcome is always the end of the longest prefix of
+// transactions whose every row has an outcome, never past one with a row
+// still waiting; every row is handed out once, as soon as it has its
+// outcome, and its bytes are released then.
+func TestWatermarkWithOutcomesOutOfOrder(t *testing.T) {
+	const txns = 200
+	rng := rand.New(rand.NewPCG(31, 3))
+	tr := New[int](1 << 30)
+	type row struct {
+		tk  *Ticket[int]
+		txn int
+	}
+	var rows []row
+	id := uint64(0)
+	for i := range txns {
+		for range 1 + rng.IntN(4) {
+			id++
+			rows = append(rows, row{add(t, tr, id), i})
+		}
+		tr.Commit(i)
+	}
+	pending := make([]int, txns) // rows without an outcome, per transaction
+	for _, r := range rows {
+		pending[r.txn]++
+	}
+	rng.Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
+	acked := map[uint64]bool{}
+	prefix := 0 // transactions before it all have every outcome
+	for n, r := range rows {
+		rid := r.tk.Record().ID
+		tr.Done(r.tk, true, "")
+		pending[r.txn]--
+		wantPos := prefix
+		for prefix < txns && pending[prefix] == 0 {
+			prefix++
+		}
+		b, ok := tr.Take()
+		if !ok {
+			t.Fatalf("outcome %d (row %d): nothing to take", n, rid)
+		}
+		if prefix > wantPos {
+			if !b.HasPos || b.Pos != prefix-1 {
+				t.Fatalf("outcome %d (row %d): position %v (set %v), want %d: the longest resolved prefix", n, rid, b.Pos, b.HasPos, prefix-1)
+			}
+		} else if b.HasPos {
+			t.Fatalf("outcome %d (row %d): position %d handed out, but transaction %d still has a row without an outcome", n, rid, b.Pos, prefix)
+		}
+		if b.Rows() != 1 || b.IDs[0].Lo != rid || acked[rid] {
+			t.Fatalf("outcome %d: rows %v, want row %d alone, once", n, b.IDs, rid)
+		}
+		acked[rid] = true
+		tr.Release(b.Bytes)
+	}
+	if m, by := tr.Inflight(); m != 0 || by != 0 || len(acked) != len(rows) {
+		t.Fatalf("after every outcome: %d in flight, %d bytes charged, %d of %d rows acknowledged", m, by, len(acked), len(rows))
 	}
 }

@@ -57,7 +57,7 @@ func (p *Publisher) collectSuspects(conn *amqp.Connection, cerr *amqp.Error) {
 	unsure := false
 	for _, c := range chans {
 		c.mu.Lock()
-		for _, e := range c.queue {
+		for e := range c.queue.all() {
 			if !e.resolved && e.sentOn == conn && !ackedLocked(e) {
 				found = append(found, suspect{c, e})
 				unsure = unsure || e.dc == nil
@@ -127,8 +127,9 @@ func (p *Publisher) blame(s suspect, cerr *amqp.Error) bool {
 }
 
 // resolveFromPublisher resolves e, unless it already is, for the
-// Publisher's probe; the Channel's goroutine delivers the Result in
-// publish order, and the next session sends its key's next message.
+// Publisher's probe; the Channel's goroutine delivers the Result (in
+// publish order per key), and the next session sends its key's next
+// message.
 func (c *Channel) resolveFromPublisher(e *entry, o Outcome, code int, reason string) {
 	c.mu.Lock()
 	if !e.resolved {

@@ -35,7 +35,7 @@ func unitChannel(p *Publisher) *Channel {
 func unitEntry(c *Channel, s *session, conn *amqp.Connection, key string) *entry {
 	c.nextSeq++
 	e := &entry{seq: c.nextSeq, msg: Message{Key: key, Tag: c.nextSeq}, size: 1, head: true}
-	c.queue = append(c.queue, e)
+	c.queue.pushBack(e)
 	c.keys[key] = append(c.keys[key], e)
 	c.heads++
 	c.held++

@@ -24,8 +24,13 @@ import (
 // documentation for the ordering and outcome guarantees.
 //
 // Publish, Flush and Close are safe for concurrent use. Results go to the
-// onResult callback given to NewChannel, in publish order, from one goroutine
-// owned by the Channel; the callback must not call Publish, Flush or Close of
+// onResult callback given to NewChannel one at a time, from one goroutine
+// owned by the Channel, in publish order per key: a message's Result comes
+// after the Results of every earlier message of its Message.Key, and as
+// soon as it has its outcome otherwise, so a message nacked and retried
+// holds back the Results of its own key only. Results of different keys,
+// and of messages with Key "", come in the order of their outcomes, not in
+// publish order. The callback must not call Publish, Flush or Close of
 // the same Channel (they may wait for the callback to return) and should be
 // quick: while it runs no other Result is delivered and no window slot frees.
 type Channel struct {
@@ -44,8 +49,15 @@ type Channel struct {
 	// tags go out in the order they were assigned. Lock order: pubMu, then mu.
 	pubMu sync.Mutex
 
-	mu    sync.Mutex
-	queue []*entry // accepted messages without a delivered Result, in publish order
+	mu sync.Mutex
+	// queue holds the accepted messages without a delivered Result, in
+	// publish order; a message leaves it once its Result is delivered,
+	// which may come before the Results of earlier messages of other keys.
+	queue entryList
+	// deliverable holds the resolved messages whose Results may be
+	// delivered now, in the order deliver hands them over: every earlier
+	// message of the same key has its Result delivered, or is ahead here.
+	deliverable []*entry
 	// keys holds, per non-empty partition key, its unresolved messages in
 	// publish order. Only the first (the key's head) may be on the wire; the
 	// others are parked until the ones before them have their Result.
@@ -67,7 +79,6 @@ type Channel struct {
 	ready      bool // sess takes new messages (republish or probe finished)
 	probe      bool // republish the suspects one at a time to find the message that closed the channel
 	nextSeq    uint64
-	delivered  uint64 // seq of the last message whose Result was delivered
 	closed     bool
 	changed    chan struct{} // closed and replaced when anything Publish or Flush wait for changes
 
@@ -105,7 +116,14 @@ type entry struct {
 	suspect      bool // unconfirmed when the broker closed the channel over one of several (probe mode)
 	resolved     bool
 	res          Result
-	span         trace.Span // the publish span; nil when tracing is off
+	// followers are the messages of its key resolved without being sent
+	// (a missing exchange, over the size limits at Publish) while it was
+	// its key's last unresolved message: their Results follow its own.
+	followers []*entry
+	handed    bool       // its Result was taken for the callback (deliver)
+	span      trace.Span // the publish span; nil when tracing is off
+	// older and newer are its neighbours in the Channel's queue.
+	older, newer *entry
 }
 
 // NewChannel opens a Channel. onResult receives every message's Result.
@@ -146,11 +164,12 @@ func (p *Publisher) NewChannel(onResult func(Result)) (*Channel, error) {
 // message over the limits of the connection (HeaderFrameSize over its
 // negotiated frame_max, a body over MaxMessageSize) is not sent: it is
 // resolved Returned with Code 311 and a Reason that names the limit and the
-// size, in publish order, as a message to a missing exchange. It returns
-// ctx.Err() if ctx ends first, ErrClosed once the Channel or Publisher is
-// closed, or a *BadRecordError for a message that cannot be encoded (headers
-// of unsupported types, short strings over 255 bytes). Once Publish returned
-// nil the message will get exactly one Result, unless Close comes first.
+// size, its Result after those of the earlier messages of its key, as a
+// message to a missing exchange is. It returns ctx.Err() if ctx ends first,
+// ErrClosed once the Channel or Publisher is closed, or a *BadRecordError
+// for a message that cannot be encoded (headers of unsupported types, short
+// strings over 255 bytes). Once Publish returned nil the message will get
+// exactly one Result, unless Close comes first.
 func (c *Channel) Publish(ctx context.Context, m Message) error {
 	if err := validateMessage(&m); err != nil {
 		return err
@@ -227,7 +246,7 @@ func (c *Channel) enqueueLocked(m Message, headerSize int, missing *amqp.Error, 
 	if c.tracer != nil {
 		e.span = c.startSpan(&e.msg)
 	}
-	c.queue = append(c.queue, e)
+	c.queue.pushBack(e)
 	switch {
 	case missing != nil || tooLarge != "":
 		// Never sent: it would close the channel (or, too large, the
@@ -384,9 +403,13 @@ func (c *Channel) Flush(ctx context.Context) error {
 	c.mu.Unlock()
 	for {
 		c.mu.Lock()
-		delivered, closed, changed := c.delivered, c.closed, c.changed
+		// The queue holds, oldest first, the messages still without a
+		// delivered Result: Flush is done once none of them is older than
+		// target, whatever the order the Results came in.
+		oldest, closed, changed := c.queue.front, c.closed, c.changed
+		done := oldest == nil || oldest.seq > target
 		c.mu.Unlock()
-		if delivered >= target {
+		if done {
 			return nil
 		}
 		if closed {
@@ -409,8 +432,8 @@ func (c *Channel) Close() error {
 		c.closed = true
 		c.notifyLocked()
 	}
-	for _, e := range c.queue {
-		if e != nil && e.retry != nil {
+	for e := range c.queue.all() {
+		if e.retry != nil {
 			e.retry.Stop()
 			e.retry = nil
 		}
@@ -431,8 +454,8 @@ func (c *Channel) endOpenSpans() {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, e := range c.queue {
-		if e != nil && e.span != nil {
+	for e := range c.queue.all() {
+		if e.span != nil {
 			e.span.SetStatus(codes.Error, "no outcome: the channel was closed first")
 			e.span.End()
 			e.span = nil
@@ -445,30 +468,21 @@ func (c *Channel) notifyLocked() {
 	c.changed = make(chan struct{})
 }
 
-// resolveLocked records e's Result; deliver hands it to the callback once
-// every earlier message has its Result. It frees e's key and returns the
-// key's next message, now its head, which the caller sends when the session
-// takes messages (nil when there is none).
+// resolveLocked records e's Result and makes it deliverable after the
+// Results of the earlier messages of its key (queueResultLocked). It frees
+// e's key and returns the key's next message, now its head, which the
+// caller sends when the session takes messages (nil when there is none).
 func (c *Channel) resolveLocked(e *entry, o Outcome, code int, reason string) (next *entry) {
 	e.resolved = true
 	e.res = Result{Tag: e.msg.Tag, Outcome: o, Code: code, Reason: reason}
-	defer func() {
-		if !e.head {
-			return
-		}
-		e.head = false
-		if next != nil {
-			next.head = true // takes e's window slot
-			return
-		}
-		if c.heads--; c.heads == c.window-1 {
-			c.notifyLocked() // a Publish may wait for the slot
-		}
-	}()
 	k := e.msg.Key
 	// Only a key's head is ever sent, so only a head gets resolved, except
-	// a message to a missing exchange, which never joined its key.
-	if list := c.keys[k]; k != "" && len(list) > 0 && list[0] == e {
+	// a message resolved unsent at Publish (a missing exchange, too
+	// large), which never joined its key.
+	list := c.keys[k]
+	isHead := k != "" && len(list) > 0 && list[0] == e
+	c.queueResultLocked(e, isHead)
+	if isHead {
 		list[0] = nil
 		if list = list[1:]; len(list) == 0 {
 			delete(c.keys, k)
@@ -477,7 +491,34 @@ func (c *Channel) resolveLocked(e *entry, o Outcome, code int, reason string) (n
 			next = list[0]
 		}
 	}
+	if e.head {
+		e.head = false
+		if next != nil {
+			next.head = true // takes e's window slot
+		} else if c.heads--; c.heads == c.window-1 {
+			c.notifyLocked() // a Publish may wait for the slot
+		}
+	}
 	return next
+}
+
+// queueResultLocked makes the Result of e, just resolved, deliverable once
+// the Results of the earlier messages of its key are delivered or
+// deliverable: at once for a message without a key, for its key's head
+// (every earlier message of the key has its Result, and its followers come
+// right after it) and for a message resolved unsent while its key has no
+// unresolved message; otherwise (resolved unsent behind unresolved
+// messages of its key) as a follower of the key's last unresolved message.
+func (c *Channel) queueResultLocked(e *entry, isHead bool) {
+	list := c.keys[e.msg.Key]
+	if e.msg.Key != "" && !isHead && len(list) > 0 {
+		last := list[len(list)-1]
+		last.followers = append(last.followers, e)
+		return
+	}
+	c.deliverable = append(c.deliverable, e)
+	c.deliverable = append(c.deliverable, e.followers...)
+	e.followers = nil
 }
 
 // headLocked reports whether e may go on the wire: it has no key, or every
@@ -494,7 +535,7 @@ func (c *Channel) headLocked(e *entry) bool {
 // the current session, in publish order: what a session republishes.
 func (c *Channel) unsentLocked() []*entry {
 	var out []*entry
-	for _, e := range c.queue {
+	for e := range c.queue.all() {
 		if !e.resolved && e.tag == 0 && c.headLocked(e) {
 			out = append(out, e)
 		}
@@ -502,28 +543,30 @@ func (c *Channel) unsentLocked() []*entry {
 	return out
 }
 
-// deliver calls onResult for the resolved messages at the head of the queue.
-// Only run's goroutine calls it, so Results never overlap or reorder. The
-// entry counts in MaxHeldBytes until the callback returned, so that bound
-// covers everything the Channel holds.
+// deliver calls onResult for the deliverable messages (queueResultLocked),
+// in the order they became so. Only run's goroutine calls it, so Results
+// never overlap, and a key's Results never reorder. The entry counts in
+// MaxHeldBytes until the callback returned, so that bound covers
+// everything the Channel holds.
 func (c *Channel) deliver() {
 	for {
 		c.mu.Lock()
-		if len(c.queue) == 0 || !c.queue[0].resolved {
+		if len(c.deliverable) == 0 {
 			c.mu.Unlock()
 			return
 		}
-		e := c.queue[0]
+		e := c.deliverable[0]
+		c.deliverable[0] = nil
+		c.deliverable = c.deliverable[1:]
+		e.handed = true
 		c.mu.Unlock()
 		if e.span != nil {
 			endSpan(e.span, e.res)
 		}
 		c.onResult(e.res)
 		c.mu.Lock()
-		c.queue[0] = nil
-		c.queue = c.queue[1:]
+		c.queue.remove(e)
 		c.held -= e.size
-		c.delivered = e.seq
 		c.notifyLocked()
 		c.mu.Unlock()
 	}

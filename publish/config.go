@@ -36,15 +36,16 @@ type Config struct {
 	// ConfirmWindow is the most messages a Channel has on the wire: sent
 	// (or to be sent again after a reconnect) and without a Result. Only
 	// a key's head and messages without a key go on the wire, so messages
-	// parked behind an earlier message of their key, and messages with a
-	// Result waiting for an earlier message's Result, do not count:
+	// parked behind an earlier message of their key, and messages whose
+	// Result waits for an earlier Result of their key, do not count:
 	// MaxHeldBytes bounds them. A Channel thus keeps as many distinct keys
 	// on the wire as its caller offers, up to the window. Default 256.
 	ConfirmWindow int
 	// MaxHeldBytes bounds what a Channel holds without a delivered Result
-	// (on the wire, parked, or waiting for an earlier Result), counting
-	// each message's Size (its body and 160 bytes when Size is 0). A
-	// message larger than the bound is taken when nothing else is held.
+	// (on the wire, parked, or waiting for an earlier Result of its key),
+	// counting each message's Size (its body and 160 bytes when Size is
+	// 0). A message larger than the bound is taken when nothing else is
+	// held.
 	// Default 16 MiB.
 	MaxHeldBytes int64
 	// MaxAttempts is how many times a message the broker nacks is published

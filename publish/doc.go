@@ -17,10 +17,16 @@
 //     unless the Channel (or its Publisher) is closed first. Messages are
 //     retained until their Result is delivered; MaxHeldBytes bounds what is
 //     retained, and the window (ConfirmWindow) how many are on the wire.
-//   - Results are delivered in publish order, one at a time, from one
-//     goroutine owned by the Channel. A later message's Result is held back
-//     until every earlier message has its Result, also while an earlier one
-//     is being retried after a nack.
+//   - Results are delivered one at a time, from one goroutine owned by the
+//     Channel, in publish order per key: a message's Result comes after the
+//     Results of every earlier message with its non-empty Message.Key, also
+//     while an earlier one is being retried after a nack. Otherwise a Result
+//     is delivered as soon as the message has its outcome: Results of
+//     different keys, and of messages with Key "", come in the order of
+//     their outcomes, not in publish order, so a message that the broker
+//     keeps nacking holds back its own key only (see "Nacks"). A caller
+//     that needs to know when a set of messages all have their Results
+//     counts them, or calls Flush.
 //   - Messages with the same non-empty Message.Key reach a queue in publish
 //     order: the first delivery of each comes after the first delivery of
 //     every earlier message of its key that was routed there, also through
@@ -53,9 +59,9 @@
 //
 // Within a Channel at most one message per non-empty key is on the wire: sent
 // and without a Result. A message whose key already has one is accepted (it
-// counts in MaxHeldBytes, not in the window, and its Result still comes in
-// publish order) but parked, not sent; messages of other keys pass it on the
-// wire. When the message on the wire gets its Result (confirmed, returned, or
+// counts in MaxHeldBytes, not in the window, and its Result comes after its
+// key's earlier ones) but parked, not sent; messages of other keys pass it
+// on the wire, and their Results pass its Result. When the message on the wire gets its Result (confirmed, returned, or
 // rejected after MaxAttempts), the next parked message of its key takes its
 // window slot and is sent. Messages with Key "" are never parked. The window
 // counts messages on the wire only, so a Channel has as many distinct keys on
@@ -91,8 +97,8 @@
 // a time; the 404 closes the side channel, which is reopened for the next).
 // An exchange that exists is remembered for the Publisher's life; a message
 // to one that does not is resolved Returned (Code 404, Reason "exchange not
-// found: 404 NOT_FOUND - no exchange ...") in publish order without being
-// sent. Missing exchanges are not remembered: every message to one costs a
+// found: 404 NOT_FOUND - no exchange ...") without being sent, its Result
+// after those of the earlier messages of its key. Missing exchanges are not remembered: every message to one costs a
 // check. The default exchange "" always exists and is never checked.
 //
 // # Finding the message that closed the channel
@@ -151,7 +157,14 @@
 //
 // A nacked message is published again on the same channel, still the only
 // one of its key on the wire: at once after its first nack, then after a
-// backoff (ReconnectMin doubling to ReconnectMax). It is reported Rejected
+// backoff (ReconnectMin doubling to ReconnectMax). Meanwhile it holds back
+// its own key, whose later messages stay parked, and one window slot; the
+// messages of other keys go on the wire, and their Results are delivered
+// (and their bytes freed from MaxHeldBytes) as their confirms come. So a
+// queue with x-overflow=reject-publish that stays full stops only the keys
+// routed to it, each at its head, until the broker takes the head or it is
+// Rejected; a Channel whose parked messages behind such heads fill
+// MaxHeldBytes waits in Publish. It is reported Rejected
 // once it has been nacked MaxAttempts times and NackGiveUp has passed since
 // its first nack: a quorum queue nacks every publish while it elects a
 // leader (about 3 s when the leader's node dies, measured on a three-node

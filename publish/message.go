@@ -70,7 +70,8 @@ type Message struct {
 	Publishing amqp.Publishing
 	// Key is the partition key: messages with the same non-empty Key are
 	// delivered in publish order, also through nacks and reconnects (at most
-	// one of them is on the wire at a time). '' means no ordering constraint.
+	// one of them is on the wire at a time), and their Results come in
+	// publish order. '' means no ordering constraint.
 	Key string
 	// Tag is the caller's handle, given back in Result.
 	Tag any

@@ -16,7 +16,7 @@ import (
 // drained by a slow consumer: the broker nacks publishes all the time, and
 // a consumer ack frees room between a nack and the next publish. Every
 // message still arrives once, the first deliveries of each key come in
-// publish order, and every Result is Confirmed, in publish order.
+// publish order, and every Result is Confirmed, in publish order per key.
 func TestNackedKeepsOrderPerKey(t *testing.T) {
 	checkGoroutines(t)
 	b := testenv.RabbitMQ(t)

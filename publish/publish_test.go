@@ -33,16 +33,32 @@ func publishAll(t *testing.T, c *publish.Channel, msgs []publish.Message) {
 	}
 }
 
-// checkResults checks that results are one per message, in publish order,
-// with the outcome want gives for each tag.
+// checkResults checks that results are one per message, in publish order
+// per key (Message.Key; messages without a key in any order), with the
+// outcome want gives for each tag.
 func checkResults(t *testing.T, got []publish.Result, msgs []publish.Message, want func(tag any) publish.Outcome) {
 	t.Helper()
 	if len(got) != len(msgs) {
 		t.Fatalf("%d results for %d messages", len(got), len(msgs))
 	}
-	for i, r := range got {
-		if r.Tag != msgs[i].Tag {
-			t.Fatalf("result %d has tag %v, want %v (publish order)", i, r.Tag, msgs[i].Tag)
+	index := make(map[any]int, len(msgs))
+	for i, m := range msgs {
+		index[m.Tag] = i
+	}
+	last := map[string]int{} // per key, the index of the message of the last Result
+	seen := make([]bool, len(msgs))
+	for n, r := range got {
+		i, ok := index[r.Tag]
+		if !ok || seen[i] {
+			t.Fatalf("result %d has tag %v: not a message's, or its second Result", n, r.Tag)
+		}
+		seen[i] = true
+		if key := msgs[i].Key; key != "" {
+			if prev, ok := last[key]; ok && prev > i {
+				t.Fatalf("result %d has tag %v after the Result of %v, published later with the same key %q (publish order per key)",
+					n, r.Tag, msgs[prev].Tag, key)
+			}
+			last[key] = i
 		}
 		if w := want(r.Tag); r.Outcome != w {
 			t.Errorf("message %v: outcome %v (%d %q), want %v", r.Tag, r.Outcome, r.Code, r.Reason, w)
@@ -176,8 +192,8 @@ func TestUnroutableIsReturned(t *testing.T) {
 // of other keys (probe mode finds them, unless 30 comes after the first
 // close and its exchange is checked again); 61 is published alone (the one
 // unconfirmed message is the culprit). Each is Returned with 404; everything
-// else is Confirmed, Results in publish order, first deliveries in order per
-// key.
+// else is Confirmed, Results in publish order per key, first deliveries in
+// order per key.
 func TestExchangeDeletedAfterCheck(t *testing.T) {
 	checkGoroutines(t)
 	b := testenv.RabbitMQ(t)

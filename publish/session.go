@@ -297,7 +297,7 @@ func (c *Channel) takeReturnLocked(s *session, e *entry) bool {
 // delivered (the probe only fails a message without an ack, see
 // Publisher.blame, so a delivered one was right).
 func (c *Channel) settleResolvedLocked(e *entry, acked bool) {
-	if !acked || e.res.Outcome == Confirmed || e.seq <= c.delivered {
+	if !acked || e.res.Outcome == Confirmed || e.handed {
 		return
 	}
 	c.log.Warn("the broker acked a message the search for the message that closed the connection had given up; reporting it as confirmed",
@@ -388,7 +388,7 @@ func (c *Channel) firstSuspectLocked() *entry {
 	if !c.probe {
 		return nil
 	}
-	for _, e := range c.queue {
+	for e := range c.queue.all() {
 		if e.suspect && !e.resolved {
 			return e
 		}
@@ -398,7 +398,7 @@ func (c *Channel) firstSuspectLocked() *entry {
 
 func (c *Channel) endProbeLocked() {
 	c.probe = false
-	for _, e := range c.queue {
+	for e := range c.queue.all() {
 		e.suspect = false
 	}
 }

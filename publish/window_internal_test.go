@@ -63,7 +63,7 @@ func TestWindowCountsMessagesOnTheWire(t *testing.T) {
 	case <-ctx.Done():
 		close(release)
 		c.mu.Lock()
-		held := len(c.queue)
+		held := c.queue.len()
 		c.mu.Unlock()
 		t.Fatalf("Publish still waiting with %d messages held: messages parked behind their key take window slots", held)
 	}
@@ -73,8 +73,8 @@ func TestWindowCountsMessagesOnTheWire(t *testing.T) {
 	c.mu.Lock()
 	heads := c.heads
 	sentKeys := map[string]bool{}
-	for _, e := range c.queue {
-		if e != nil && (e.tag != 0 || e.resolved) {
+	for e := range c.queue.all() {
+		if e.tag != 0 || e.resolved {
 			sentKeys[e.msg.Key] = true
 		}
 	}
@@ -88,11 +88,15 @@ func TestWindowCountsMessagesOnTheWire(t *testing.T) {
 	if err := c.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for want := range keys * perKey {
+	next := make([]int, keys) // per key, the index of the message whose Result comes next
+	for n := range keys * perKey {
 		r := <-results
-		if r.Tag != want || r.Outcome != Confirmed {
-			t.Fatalf("result %d: tag %v outcome %v (%s), want tag %d confirmed, in publish order", want, r.Tag, r.Outcome, r.Reason, want)
+		tag, _ := r.Tag.(int)
+		k := tag / perKey
+		if want := k*perKey + next[k]; r.Tag != want || r.Outcome != Confirmed {
+			t.Fatalf("result %d: tag %v outcome %v (%s), want key-%d's next, tag %d, confirmed: in publish order per key", n, r.Tag, r.Outcome, r.Reason, k, want)
 		}
+		next[k]++
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -299,6 +299,11 @@ func (p *pipeline) openLanes(open func(onResult func(publish.Result)) (sink, err
 	return nil
 }
 
+// onResult is every lane's Result callback: it gives the message's ticket
+// its outcome in the tracker. Results come in publish order per key only
+// (a lane's other keys pass a message the broker keeps nacking), and any
+// order does: the tracker hands out a row as soon as it has its outcome and
+// moves the position past a transaction only once all of its rows have one.
 func (p *pipeline) onResult(res publish.Result) {
 	tk := res.Tag.(*ticket)
 	rec := tk.Record()

@@ -20,13 +20,17 @@ import (
 
 // sink is one ordering lane's publisher, the changefeed-sink shape
 // publish/doc.go describes. Publish emits m asynchronously: every message
-// for which it returned nil later gets exactly one publish.Result, in
-// publish order, through the callback the sink was opened with (unless the
-// sink is closed first); messages of one non-empty key reach a queue in
-// publish order. It blocks while the confirm window is full and returns
-// ctx's error when ctx ends first. The relay never flushes or closes a
-// lane's sink: it waits for the results through the tracker
-// (ordering.Tracker.WaitIdle), and closing the publisher closes its sinks.
+// for which it returned nil later gets exactly one publish.Result through
+// the callback the sink was opened with (unless the sink is closed first),
+// in publish order per key only: a message nacked and retried holds back
+// the Results of its own key, not those of the lane's other keys, so the
+// callback must not rely on any order across keys (the tracker does not:
+// a transaction is resolved once each of its rows has an outcome, in any
+// order); messages of one non-empty key reach a queue in publish order.
+// It blocks while the confirm window is full and returns ctx's error when
+// ctx ends first. The relay never flushes or closes a lane's sink: it
+// waits for the results through the tracker (ordering.Tracker.WaitIdle),
+// and closing the publisher closes its sinks.
 type sink interface {
 	Publish(ctx context.Context, m publish.Message) error
 }

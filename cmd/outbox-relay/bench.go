@@ -31,7 +31,12 @@ catch-up --shapes (keys1000: 1,000 keys in transactions of 1-5 rows of one key;
 bulk100: 100 keys in transactions of 1-100 rows; keys10: 10 keys; hotkey: one key,
 whose ceiling is one message per confirm round trip), each beside the bare
 publisher at window 1000 and at window = keys, with the CPU seconds of the relay,
-the database server and the broker per 10,000 messages. Each
+the database server and the broker per 10,000 messages. A shape named with
+"+full" (keys1000+full) is measured beside one more key whose queue of 50 is kept
+full (x-overflow=reject-publish, no consumer) while its producer writes on (a row
+after every 64 of the backlog, and one every 20 ms during the catch-up): its rate
+is the other keys', to set beside the shape's own (binlog mode; a poll round
+waits for the full key's message in it). Each
 figure is the median of --runs runs with min and max. 'make bench' starts a
 private binlog-enabled MariaDB for it.`,
 		setup: setupBench,
@@ -53,7 +58,7 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", 256, "confirm window of each relay lane and of the bare publisher")
 	fs.StringVar(&cfg.QueueType, "queue-type", "classic", "type of the bench queue: classic (outbox-bench) or quorum (outbox-bench-quorum; give --amqp-url the cluster's nodes)")
 	fs.StringVar(&shapes, "shapes", strings.Join(bench.DefaultShapes, ","),
-		"comma-separated catch-up shapes to measure, each beside the bare publisher at window 1000 and at window = keys (empty: none)")
+		"comma-separated catch-up shapes to measure, each beside the bare publisher at window 1000 and at window = keys (empty: none); a name with \"+full\" adds a key whose queue is kept full")
 	fs.IntVar(&cfg.ShapeBacklog, "shape-backlog", 50_000, "messages in each shape's backlog (the hot key: a fifth)")
 	fs.BoolVar(&cfg.ShapesOnly, "shapes-only", false, "measure the shapes alone: no latency, idle or --backlog catch-up")
 	fs.StringVar(&cfg.BaselineBinary, "baseline-binary", "", "another outbox-relay build whose catch-up of each shape is measured beside this one's, in the same run")

@@ -170,6 +170,7 @@ type bencher struct {
 	exchange string // per run of bench: other benches and tests may share the broker
 	db       *sql.DB
 	cons     *consumer
+	full     *fullQueue // the queue "+full" shapes keep full; nil when none is measured
 	logs     *bytes.Buffer
 	lastDraw time.Time
 }
@@ -179,33 +180,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	opts := cfg.MySQL
-	opts.DSN = cfg.MySQLDSN
-	target, err := mysqlconn.New(opts)
-	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
-	}
-	db, err := target.OpenDB(func(dsn *mysql.Config) { dsn.ParseTime, dsn.Loc = true, time.UTC })
-	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
-	}
-	defer db.Close()
-	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
-		return nil, fmt.Errorf("bench: migrate: %w", err)
-	}
-	// Exchange and queue names unique to this bench: a shared broker may
-	// serve other benches and tests at the same time.
-	name := fmt.Sprintf("outbox-bench-%d-%d", os.Getpid(), time.Now().UnixNano()%1_000_000)
-	if cfg.QueueType == "quorum" {
-		name = "outbox-bench-quorum-" + name[len("outbox-bench-"):]
-	}
-	cons, err := newConsumer(ctx, cfg.firstURL(), cfg.AMQPOptions, name, name, cfg.QueueType)
+	b, err := open(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer cons.close()
-	b := &bencher{cfg: cfg, exchange: name, db: db, cons: cons, logs: &bytes.Buffer{}}
-
+	defer b.close()
+	db := b.db
 	res := &Result{
 		Machine: machine(ctx, db), Runs: cfg.Runs, Rate: cfg.Rate, DurationS: cfg.Duration.Seconds(),
 		Backlog: cfg.Backlog, PayloadBytes: cfg.PayloadBytes, Window: cfg.ConfirmWindow, RelayFlags: cfg.RelayFlags, Modes: map[string]ModeResult{},
@@ -271,6 +251,52 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// open connects bench to the database (migrated) and to the broker, with
+// an exchange and a queue of its own (and the full queue when a "+full"
+// shape is measured); close undoes it.
+func open(ctx context.Context, cfg Config) (*bencher, error) {
+	opts := cfg.MySQL
+	opts.DSN = cfg.MySQLDSN
+	target, err := mysqlconn.New(opts)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	db, err := target.OpenDB(func(dsn *mysql.Config) { dsn.ParseTime, dsn.Loc = true, time.UTC })
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("bench: migrate: %w", err)
+	}
+	// Exchange and queue names unique to this bench: a shared broker may
+	// serve other benches and tests at the same time.
+	name := fmt.Sprintf("outbox-bench-%d-%d", os.Getpid(), time.Now().UnixNano()%1_000_000)
+	if cfg.QueueType == "quorum" {
+		name = "outbox-bench-quorum-" + name[len("outbox-bench-"):]
+	}
+	cons, err := newConsumer(ctx, cfg.firstURL(), cfg.AMQPOptions, name, name, cfg.QueueType)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	b := &bencher{cfg: cfg, exchange: name, db: db, cons: cons, logs: &bytes.Buffer{}}
+	if slices.ContainsFunc(cfg.Shapes, func(s string) bool { return strings.HasSuffix(s, fullSuffix) }) {
+		b.full = &fullQueue{exchange: name + ".full", queue: name + ".full", conn: cons.conn}
+	}
+	return b, nil
+}
+
+// close deletes what open declared in the broker and closes the
+// connections.
+func (b *bencher) close() {
+	if b.full != nil {
+		b.full.close()
+	}
+	b.cons.close()
+	b.db.Close()
 }
 
 func (b *bencher) progress(format string, a ...any) {

@@ -27,6 +27,10 @@ type Shape struct {
 	Keys             int
 	MinRows, MaxRows int
 	Messages         int // 0: Config.ShapeBacklog
+	// FullQueue adds a key whose queue is kept full beside the others
+	// (a name ending in "+full", see fullSuffix); Keys and Messages count
+	// the others only.
+	FullQueue bool
 }
 
 // DefaultShapes are the shapes `bench` measures by default: many keys in
@@ -34,8 +38,14 @@ type Shape struct {
 // hot key (whose ceiling is one message per confirm round trip).
 var DefaultShapes = []string{"keys1000", "bulk100", "keys10", "hotkey"}
 
-// shapeNamed is one of the known shapes; backlog is Config.ShapeBacklog.
+// shapeNamed is one of the known shapes, or one of them with fullSuffix;
+// backlog is Config.ShapeBacklog.
 func shapeNamed(name string, backlog int) (Shape, error) {
+	if base, ok := strings.CutSuffix(name, fullSuffix); ok {
+		s, err := shapeNamed(base, backlog)
+		s.Name, s.FullQueue = name, true
+		return s, err
+	}
 	switch name {
 	case "keys1000":
 		return Shape{Name: name, Keys: 1000, MinRows: 1, MaxRows: 5, Messages: backlog}, nil
@@ -48,11 +58,15 @@ func shapeNamed(name string, backlog int) (Shape, error) {
 		// the phase as long as the others.
 		return Shape{Name: name, Keys: 1, MinRows: 1, MaxRows: 5, Messages: max(backlog/5, 1)}, nil
 	}
-	return Shape{}, fmt.Errorf("unknown shape %q (known: %s)", name, strings.Join(DefaultShapes, ", "))
+	return Shape{}, fmt.Errorf("unknown shape %q (known: %s, each also with %q)", name, strings.Join(DefaultShapes, ", "), fullSuffix)
 }
 
 func (s Shape) describe() string {
-	return fmt.Sprintf("%s: %d msgs, %d keys, txns of %d-%d rows of one key", s.Name, s.Messages, s.Keys, s.MinRows, s.MaxRows)
+	d := fmt.Sprintf("%s: %d msgs, %d keys, txns of %d-%d rows of one key", s.Name, s.Messages, s.Keys, s.MinRows, s.MaxRows)
+	if s.FullQueue {
+		d += fmt.Sprintf(", beside a key whose queue of %d is kept full", fullQueueLength)
+	}
+	return d
 }
 
 // ShapeResult is what one shape measured, over the runs.
@@ -113,8 +127,12 @@ func (b *bencher) writeShape(ctx context.Context, s Shape, phase string) error {
 	// written by a few connections at once.
 	rng := rand.New(rand.NewPCG(uint64(s.Keys), uint64(s.MaxRows)))
 	var sizes []int
+	fullAfter := map[int]bool{} // transactions followed by a row of fullKey
 	for done := 0; done < s.Messages; {
 		n := min(s.MinRows+rng.IntN(s.MaxRows-s.MinRows+1), s.Messages-done)
+		if s.FullQueue && (done+n)/fullEvery > done/fullEvery {
+			fullAfter[len(sizes)] = true
+		}
 		sizes = append(sizes, n)
 		done += n
 	}
@@ -138,6 +156,12 @@ func (b *bencher) writeShape(ctx context.Context, s Shape, phase string) error {
 				if err := b.writeTxn(ctx, msgs); err != nil {
 					errs <- err
 					return
+				}
+				if fullAfter[txn] {
+					if err := b.writeTxn(ctx, []outbox.Message{b.fullRow()}); err != nil {
+						errs <- err
+						return
+					}
 				}
 				written.Add(int64(len(msgs)))
 			}
@@ -227,7 +251,6 @@ func (b *bencher) shapeOnce(ctx context.Context, s Shape, run int, m cpuMeter, s
 	if err != nil {
 		return err
 	}
-	type relayRun struct{ label, binary, mode string }
 	var relays []relayRun
 	for _, mode := range b.cfg.Modes {
 		relays = append(relays, relayRun{mode, b.cfg.RelayBinary, mode})
@@ -236,48 +259,88 @@ func (b *bencher) shapeOnce(ctx context.Context, s Shape, run int, m cpuMeter, s
 		}
 	}
 	for _, rr := range relays {
-		mode := rr.label
-		phase := fmt.Sprintf("%s run %d %s: catch-up", mode, run, s.Name)
-		if err := b.prime(ctx, rr.binary, rr.mode); err != nil {
-			return fmt.Errorf("%s: %w", phase, err)
-		}
-		if err := b.writeShape(ctx, s, phase+": writing backlog"); err != nil {
-			return err
-		}
-		var relay *relayProc
-		var relayCPU, rss float64
-		var c0, c1 cpuSample
-		rate, repeats, err := b.toQueueN(ctx, phase, false, s.Messages, func() error {
-			var err error
-			c0 = m.read()
-			relay, err = b.startRelayBinary(ctx, rr.binary, rr.mode)
-			return err
-		}, func() error {
-			var err error
-			c1 = m.read()
-			relayCPU, rss, err = procUsage(relay.cmd.Process.Pid)
-			return err
-		})
-		if relay != nil {
-			defer relay.kill()
-		}
+		f, err := b.relayShape(ctx, s, run, rr, m)
 		if err != nil {
-			return fmt.Errorf("%s: %w (relay log follows)\n%s", phase, err, b.logs.String())
-		}
-		if err := relay.stop(); err != nil {
 			return err
 		}
-		add(mode, "rate", rate)
-		add(mode, "ratio1000", rate/bare1000)
-		add(mode, "ratiokeys", rate/bareKeys)
-		add(mode, "relay_cpu", per10k(relayCPU))
-		add(mode, "db_cpu", per10k(c1.db-c0.db))
-		add(mode, "broker_cpu", per10k(c1.broker-c0.broker))
-		add(mode, "busy", busyPct(c0, c1))
-		add(mode, "rss", rss)
-		add(mode, "repeats", float64(repeats))
+		mode := rr.label
+		add(mode, "rate", f.rate)
+		add(mode, "ratio1000", f.rate/bare1000)
+		add(mode, "ratiokeys", f.rate/bareKeys)
+		add(mode, "relay_cpu", per10k(f.relayCPU))
+		add(mode, "db_cpu", per10k(f.c1.db-f.c0.db))
+		add(mode, "broker_cpu", per10k(f.c1.broker-f.c0.broker))
+		add(mode, "busy", busyPct(f.c0, f.c1))
+		add(mode, "rss", f.rss)
+		add(mode, "repeats", float64(f.repeats))
 	}
 	return nil
+}
+
+// relayRun is a relay build and mode a shape is measured with; label
+// names its figures.
+type relayRun struct{ label, binary, mode string }
+
+// shapeFigures is what one relay's catch-up of a shape measured.
+type shapeFigures struct {
+	rate          float64
+	repeats       int
+	relayCPU, rss float64
+	c0, c1        cpuSample // the machine's counters at the start and the end of the catch-up
+}
+
+// relayShape measures rr's catch-up of shape s once: the backlog written
+// while no relay runs, then the relay started and timed until the queue
+// holds every message. For a "+full" shape the full queue is filled
+// first, its key's producer writes on during the catch-up, the queue must
+// still be full at its end, and it is dropped before the relay stops.
+func (b *bencher) relayShape(ctx context.Context, s Shape, run int, rr relayRun, m cpuMeter) (f shapeFigures, err error) {
+	phase := fmt.Sprintf("%s run %d %s: catch-up", rr.label, run, s.Name)
+	if err := b.prime(ctx, rr.binary, rr.mode); err != nil {
+		return f, fmt.Errorf("%s: %w", phase, err)
+	}
+	if s.FullQueue {
+		if err := b.full.fill(); err != nil {
+			return f, fmt.Errorf("%s: %w", phase, err)
+		}
+	}
+	if err := b.writeShape(ctx, s, phase+": writing backlog"); err != nil {
+		return f, err
+	}
+	var relay *relayProc
+	stopFull := func() error { return nil }
+	f.rate, f.repeats, err = b.toQueueN(ctx, phase, false, s.Messages, func() error {
+		var err error
+		f.c0 = m.read()
+		relay, err = b.startRelayBinary(ctx, rr.binary, rr.mode)
+		if err == nil && s.FullQueue {
+			stopFull = b.writeFull(ctx)
+		}
+		return err
+	}, func() error {
+		var err error
+		f.c1 = m.read()
+		f.relayCPU, f.rss, err = procUsage(relay.cmd.Process.Pid)
+		if err == nil && s.FullQueue {
+			err = b.checkFull()
+		}
+		return err
+	})
+	if ferr := stopFull(); err == nil {
+		err = ferr
+	}
+	if relay != nil {
+		defer relay.kill()
+	}
+	if err != nil {
+		return f, fmt.Errorf("%s: %w (relay log follows)\n%s", phase, err, b.logs.String())
+	}
+	if s.FullQueue {
+		if err := b.full.drop(); err != nil {
+			return f, fmt.Errorf("%s: %w", phase, err)
+		}
+	}
+	return f, relay.stop()
 }
 
 // prime empties the outbox and runs the relay until it delivered a probe
