@@ -180,8 +180,13 @@ func (l *publishedLog) addLocked(gtids, from string) error {
 // any number of moves).
 func (l *publishedLog) setChangedLocked() {
 	l.changed = true
+	if l.movedCh == nil {
+		// Made here too: a follower that asks for it later (its
+		// goroutine scheduled late) still finds the signal.
+		l.movedCh = make(chan struct{}, 1)
+	}
 	select {
-	case l.movedCh <- struct{}{}: // a nil movedCh (nobody waits) is never ready
+	case l.movedCh <- struct{}{}:
 	default:
 	}
 }
