@@ -61,6 +61,7 @@ type pipeline struct {
 	stop       chan struct{} // closed when stopping begins
 	cancelRead context.CancelFunc
 	txnRows    atomic.Int64 // rows of the transaction being read handed to lanes
+	rowsRead   atomic.Int64 // outbox rows the stream has read this run (the settings watch's activity)
 }
 
 type laneItem struct {

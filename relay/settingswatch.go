@@ -11,9 +11,10 @@ import (
 )
 
 // watchSettings re-reads the server's global binlog settings
-// (canal.ReadSettings: one statement) every Config.HeartbeatInterval while
-// binlog mode runs, and says at once, at WARN and in the mode's reason
-// (status), when one changed under it: a DBA's SET GLOBAL
+// (canal.ReadSettings: one statement) at the term's start and then every
+// Config.HeartbeatInterval in which outbox rows were read (an idle relay
+// sends nothing but its heartbeat), and says at once, at WARN and in the
+// mode's reason (status), when one changed under it: a DBA's SET GLOBAL
 // binlog_format='MIXED' after the start-up check passed reaches every
 // producer session opened from then on. In auto mode a setting binlog mode
 // cannot work with ends the binlog term: polling goes on (the probe returns
@@ -32,7 +33,20 @@ func (p *pipeline) watchSettings(ctx context.Context, stop <-chan struct{}) {
 		last     canal.Settings
 		haveLast bool // a read succeeded: last is what the server had
 	)
+	var rows int64 = -1 // outbox rows read at the last look; -1: look now
 	for {
+		if n := p.rowsRead.Load(); n == rows {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			continue
+		} else {
+			rows = n
+		}
 		s, err := r.readSettings(ctx)
 		switch {
 		case err != nil:

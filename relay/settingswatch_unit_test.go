@@ -37,6 +37,17 @@ func TestUnitSettingsWatchSaysChangesOnly(t *testing.T) {
 		return next.(canal.Settings), nil
 	}
 	p := &pipeline{r: r, store: newFakeStore(), epoch: 1}
+	go func() { // rows flow: the watch looks every interval
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				p.rowsRead.Add(1)
+				time.Sleep(time.Millisecond) // a stimulus: rows arriving
+			}
+		}
+	}()
 	p.watchSettings(context.Background(), stop)
 	changed := logs.FilterMessageSnippet("changed while the relay runs").Len()
 	back := logs.FilterMessageSnippet("right again").Len()

@@ -209,6 +209,7 @@ func (h *handler) openWindow(gs, ge position.Position, maxInflight int64) error 
 }
 
 func (h *handler) Row(ctx context.Context, rec *outbox.Record) error {
+	h.p.rowsRead.Add(1)
 	if !h.p.enterTxn() {
 		h.p.cancelRead()
 		return context.Canceled
