@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -239,6 +240,8 @@ func TestRelayStopsReadingWhileAcknowledgementsFail(t *testing.T) {
 	}
 	unique := func() int { return v.Received() - v.Duplicates() - 100 }
 	var held float64
+	step, cancel := progress.Step(ctx)
+	defer cancel()
 	for {
 		msgs, bytes, read := check()
 		if msgs == 0 && bytes > budget-slack && float64(unique()) == read {
@@ -249,8 +252,8 @@ func TestRelayStopsReadingWhileAcknowledgementsFail(t *testing.T) {
 			t.Fatalf("all %d rows were read and published while no acknowledgement could commit: reading did not stop at the budget", rows)
 		}
 		select {
-		case <-ctx.Done():
-			t.Fatalf("the budget never filled (%.0f messages, %.0f bytes, %.0f rows read; %d arrived): %v", msgs, bytes, read, unique(), ctx.Err())
+		case <-step.Done():
+			t.Fatalf("the budget never filled (%.0f messages, %.0f bytes, %.0f rows read; %d arrived): %v", msgs, bytes, read, unique(), step.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

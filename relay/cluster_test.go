@@ -121,12 +121,9 @@ func TestRelayOnCluster(t *testing.T) {
 		if err := pollUntil(ctx, func() bool { return r.relay.Ready() == nil }); err != nil {
 			t.Fatalf("not ready again after the majority came back: %v", r.relay.Ready())
 		}
-		for b := r.brokerStatus(ctx); b == nil || b.Stalled != nil; b = r.brokerStatus(ctx) {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("the progress row still shows no node or confirms stalled after the majority came back: %+v", b)
-			case <-time.After(100 * time.Millisecond):
-			}
+		var b *operator.BrokerState
+		if err := pollUntil(ctx, func() bool { b = r.brokerStatus(ctx); return b != nil && b.Stalled == nil }); err != nil {
+			t.Fatalf("the progress row still shows no node or confirms stalled after the majority came back: %+v: %v", b, err)
 		}
 		r.finish(ctx, load, 1, true)
 	})

@@ -80,20 +80,15 @@ func TestRelayIdleSendsNoOutboxQuery(t *testing.T) {
 	// delayed rows; once it has run, the relay is idle. (The backlog count
 	// reads idx_due too: it runs at the start of the term, never while the
 	// relay is idle, which the log below would show.)
-	for {
+	if err := pollUntil(ctx, func() bool {
 		var n int
 		if err := root.QueryRowContext(ctx, "SELECT COUNT(*) FROM mysql.general_log WHERE "+
 			"CONVERT(argument USING utf8mb4) LIKE '%available_at IS NOT NULL LIMIT 1%'").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the relay never probed for delayed rows")
-		case <-time.After(50 * time.Millisecond):
-		}
+		return n > 0
+	}); err != nil {
+		t.Fatalf("the relay never probed for delayed rows: %v", err)
 	}
 	if _, err := root.ExecContext(ctx, "TRUNCATE mysql.general_log"); err != nil {
 		t.Fatal(err)

@@ -200,12 +200,8 @@ func revokeAndCut(ctx context.Context, t *testing.T, root *sql.DB) {
 		}
 		return ids
 	}
-	for len(dumps()) == 0 {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the relay's binlog connection never appeared")
-		case <-time.After(10 * time.Millisecond):
-		}
+	if err := pollUntil(ctx, func() bool { return len(dumps()) > 0 }); err != nil {
+		t.Fatalf("the relay's binlog connection never appeared: %v", err)
 	}
 	if _, err := root.ExecContext(ctx, "REVOKE REPLICATION SLAVE ON *.* FROM 'relay'@'127.0.0.1'"); err != nil {
 		t.Fatal(err)

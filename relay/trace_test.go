@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/propagation"
@@ -70,11 +69,10 @@ func TestRelayCarriesTheTrace(t *testing.T) {
 	if err := v.WaitComplete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for c.Stats().Processed < int64(len(ids)+1) {
-		if ctx.Err() != nil {
-			t.Fatalf("inbox consumer processed %+v of %d messages", c.Stats(), len(ids)+1)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := pollWhile(ctx, func() float64 { return float64(c.Stats().Processed) }, func() bool {
+		return c.Stats().Processed >= int64(len(ids)+1)
+	}); err != nil {
+		t.Fatalf("inbox consumer processed %+v of %d messages: %v", c.Stats(), len(ids)+1, err)
 	}
 	if err := stop(); err != nil {
 		t.Fatalf("shutdown: %v", err)

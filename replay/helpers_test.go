@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -237,6 +238,8 @@ func nextSecond(ctx context.Context, t *testing.T, db *sql.DB) time.Time {
 	if err := db.QueryRowContext(ctx, "SELECT UNIX_TIMESTAMP()").Scan(&start); err != nil {
 		t.Fatal(err)
 	}
+	step, cancel := progress.Step(ctx)
+	defer cancel()
 	for {
 		var now int64
 		if err := db.QueryRowContext(ctx, "SELECT UNIX_TIMESTAMP()").Scan(&now); err != nil {
@@ -246,8 +249,8 @@ func nextSecond(ctx context.Context, t *testing.T, db *sql.DB) time.Time {
 			return time.Unix(now, 0).UTC()
 		}
 		select {
-		case <-ctx.Done():
-			t.Fatalf("the server's clock did not move past %d: %v", start, ctx.Err())
+		case <-step.Done():
+			t.Fatalf("the server's clock did not move past %d: %v", start, step.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -161,12 +162,9 @@ func TestRunAMQPS(t *testing.T) {
 		if r := replay(b.url(""), b.ca.CertFile); r.code != 0 || !strings.Contains(r.stdout, `"confirmed": 200`) {
 			t.Fatalf("replay over TLS: %+v", r)
 		}
-		for v.Received() < 400 {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("%d deliveries, want 200 and 200 replayed", v.Received())
-			case <-time.After(10 * time.Millisecond):
-			}
+		if err := progress.Wait(ctx, "replayed deliveries", func() int64 { return int64(v.Received()) },
+			func() bool { return v.Received() >= 400 }); err != nil {
+			t.Fatalf("%d deliveries, want 200 and 200 replayed: %v", v.Received(), err)
 		}
 		if r := replay(b.url(""), testenv.NewCA(t).CertFile); r.code != 2 || !strings.Contains(r.stderr, "TLS") {
 			t.Errorf("replay with a wrong CA: %+v, want exit 2 naming TLS", r)

@@ -15,8 +15,9 @@ import (
 // hole) and since when, clears that once confirms come again, and names no
 // node after a clean stop.
 func TestCLIStatusBroker(t *testing.T) {
+	t.Parallel() // a server of its own (privateDB); mostly waits for the stall to show
 	ctx := testenv.WorkContext(t)
-	db := testenv.MySQL(t)
+	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	amqpURL, err := url.Parse(b.URL)

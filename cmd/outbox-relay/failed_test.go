@@ -305,15 +305,13 @@ func TestCLIFailedRetryIsDeliveredInOrder(t *testing.T) {
 
 	relay := newRelayProc(t, relayArgs(t, db, b, "--mode", "poll")...)
 	relay.start()
-	for len(got()) < len(want) {
+	if err := progress.Wait(ctx, "deliveries", func() int64 { return int64(len(got())) }, func() bool {
 		if !relay.running() {
 			t.Fatalf("relay exited after %d deliveries", len(got()))
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%d deliveries of %d: %v", len(got()), len(want), ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
+		return len(got()) >= len(want)
+	}); err != nil {
+		t.Fatalf("%d deliveries of %d: %v", len(got()), len(want), err)
 	}
 	ds := got()
 	for i, d := range ds {
@@ -352,15 +350,13 @@ func TestCLIFailedRowsSameInBothModes(t *testing.T) {
 		bad, missing := newMessageID(t), newMessageID(t)
 		opsExec(t, db, "INSERT INTO outbox (message_id, partition_key, routing_key, headers, payload) VALUES (?, 'a', 'rk', '[1, 2]', '{}')", bad[:])
 		opsExec(t, db, "INSERT INTO outbox (message_id, partition_key, exchange, routing_key, payload) VALUES (?, 'b', 'no-such-exchange-h6', 'rk', '{}')", missing[:])
-		for opsCount(t, db, "SELECT COUNT(*) FROM outbox_failed") < 2 {
+		if err := progress.Wait(ctx, "rows in outbox_failed", nil, func() bool {
 			if !relay.running() {
 				t.Fatalf("%s: relay exited", mode)
 			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("%s: the rows never reached outbox_failed: %v", mode, ctx.Err())
-			case <-time.After(20 * time.Millisecond):
-			}
+			return opsCount(t, db, "SELECT COUNT(*) FROM outbox_failed") >= 2
+		}); err != nil {
+			t.Fatalf("%s: the rows never reached outbox_failed: %v", mode, err)
 		}
 		if code, _ := relay.terminate(30 * time.Second); code != 0 {
 			t.Fatalf("%s: relay exit code %d", mode, code)
@@ -510,12 +506,9 @@ func TestCLIFailedRetryWithoutUUID(t *testing.T) {
 	if err := v.WaitComplete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for inbox.c.Stats().Processed < 4 {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the inbox processed %d of the 4 retried messages: %+v", inbox.c.Stats().Processed, inbox.c.Stats())
-		case <-time.After(20 * time.Millisecond):
-		}
+	if err := progress.Wait(ctx, "retried messages through the inbox", func() int64 { return inbox.c.Stats().Processed },
+		func() bool { return inbox.c.Stats().Processed >= 4 }); err != nil {
+		t.Fatalf("the inbox processed %d of the 4 retried messages: %+v: %v", inbox.c.Stats().Processed, inbox.c.Stats(), err)
 	}
 	if code, _ := relay.terminate(30 * time.Second); code != 0 {
 		t.Fatalf("relay exit code %d", code)

@@ -204,7 +204,7 @@ func TestGrantsPerRole(t *testing.T) {
 		!list[0].Leader.Alive || list[0].FailedRows != 2 || list[0].Mode != "binlog" {
 		t.Fatalf("status as the operator: %+v\n%+v", r, list)
 	}
-	r = opsAs(t, operatorDSN, "pause", "--json", "--wait", "30s", "--leader-lease", lease.String())
+	r = opsAs(t, operatorDSN, "pause", "--json", "--wait", pauseWait, "--leader-lease", lease.String())
 	var paused pauseJSON
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &paused) != nil || paused.Paused == nil || !paused.Paused.LeaderStopped ||
 		paused.Checkpoint.GTIDSet == nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/maintenance"
 )
@@ -168,6 +169,8 @@ func TestCLIRunMaintenance(t *testing.T) {
 	relay := newRelayProc(t, relayArgs(t, db, b, "--mode", "poll", "--on-delivered", "mark",
 		"--maintenance-interval", "1h", "--cleanup-older-than", "7d", "--lookahead", "9")...)
 	relay.start()
+	step, cancel := progress.Step(ctx)
+	defer cancel()
 	for {
 		parts := opsCount(t, db, `SELECT COUNT(*) FROM information_schema.PARTITIONS
 			WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox'`)
@@ -179,15 +182,17 @@ func TestCLIRunMaintenance(t *testing.T) {
 			t.Fatalf("relay exited; %d partitions, %d old delivered rows", parts, old)
 		}
 		select {
-		case <-ctx.Done():
-			t.Fatalf("maintenance did not run: %d partitions (want 11), %d old delivered rows (want 0): %v", parts, old, ctx.Err())
+		case <-step.Done():
+			t.Fatalf("maintenance did not run: %d partitions (want 11), %d old delivered rows (want 0): %v", parts, old, step.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	// The pending row was delivered and marked, not deleted.
+	step, cancel = progress.Step(ctx)
+	defer cancel()
 	for opsCount(t, db, "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL") != 0 {
 		select {
-		case <-ctx.Done():
+		case <-step.Done():
 			t.Fatal("the pending row was not delivered")
 		case <-time.After(50 * time.Millisecond):
 		}

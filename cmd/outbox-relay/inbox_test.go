@@ -64,11 +64,9 @@ func startInboxEffects(ctx context.Context, t *testing.T, db *testenv.DB, b *tes
 // processed count reaches it) and asserts one effect per message.
 func (e *inboxEffects) check(ctx context.Context, t *testing.T, total int) dedup.Stats {
 	t.Helper()
-	for e.c.Stats().Processed < int64(total) {
-		if ctx.Err() != nil {
-			t.Fatalf("inbox consumer processed %d of %d messages: %+v", e.c.Stats().Processed, total, e.c.Stats())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := progress.Wait(ctx, "messages through the inbox", func() int64 { return e.c.Stats().Processed },
+		func() bool { return e.c.Stats().Processed >= int64(total) }); err != nil {
+		t.Fatalf("inbox consumer processed %d of %d messages: %+v: %v", e.c.Stats().Processed, total, e.c.Stats(), err)
 	}
 	var effects, distinct int
 	if err := e.db.QueryRowContext(ctx, "SELECT COUNT(*), COUNT(DISTINCT message_id) FROM inbox_effects").Scan(&effects, &distinct); err != nil {

@@ -565,10 +565,12 @@ func TestLeaderFailoverLockKilledWhileStopped(t *testing.T) {
 	oldLeaseEnd := stopped.Add(lease*9/10 - time.Duration(ageUS)*time.Microsecond)
 
 	// A standby takes the free lock and bumps the epoch.
+	step, cancel := progress.Step(ctx)
+	defer cancel()
 	for progressEpoch(ctx, t, db) == e1 {
 		select {
-		case <-ctx.Done():
-			t.Fatalf("no standby took the free lock: %v", ctx.Err())
+		case <-step.Done():
+			t.Fatalf("no standby took the free lock: %v", step.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

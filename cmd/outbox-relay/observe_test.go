@@ -144,6 +144,7 @@ func testMetricsMove(t *testing.T, mode string) {
 
 // /readyz turns 503 when the database goes away and 200 again when it is back.
 func TestRunReadyzFollowsTheDatabase(t *testing.T) {
+	t.Parallel() // a server of its own
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
 	b := testenv.RabbitMQ(t)
@@ -156,18 +157,18 @@ func TestRunReadyzFollowsTheDatabase(t *testing.T) {
 
 	waitStatus := func(want int) {
 		t.Helper()
-		for {
-			code, body, err := httpGet(base + "/readyz")
-			if err == nil && code == want {
-				t.Logf("/readyz %d: %s", code, strings.TrimSpace(body))
-				return
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("/readyz never answered %d (last %d %q %v)", want, code, body, err)
-			case <-time.After(50 * time.Millisecond):
-			}
+		var (
+			code int
+			body string
+			err  error
+		)
+		if werr := progress.Wait(ctx, "/readyz", nil, func() bool {
+			code, body, err = httpGet(base + "/readyz")
+			return err == nil && code == want
+		}); werr != nil {
+			t.Fatalf("/readyz never answered %d (last %d %q %v): %v", want, code, body, err, werr)
 		}
+		t.Logf("/readyz %d: %s", code, strings.TrimSpace(body))
 	}
 	waitStatus(200)
 	srv.Kill(t)
@@ -187,6 +188,7 @@ func TestRunReadyzFollowsTheDatabase(t *testing.T) {
 // answer): the relay under test gets them all, bench's own connections
 // use the first.
 func TestBenchShortModeJSON(t *testing.T) {
+	t.Parallel() // a server of its own; its phases are short and fixed (1 s, 500 and 200 messages)
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
 	ctx := testenv.WorkContext(t)

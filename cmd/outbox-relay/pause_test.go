@@ -26,14 +26,18 @@ import (
 // checkpoint set is accepted; after resume every message arrives exactly
 // once, in order per partition key.
 func TestCLIPauseResume(t *testing.T) {
+	t.Parallel() // servers of its own (privateDB); mostly waits
 	for _, mode := range []string{"binlog", "poll"} {
-		t.Run(mode, func(t *testing.T) { testPauseResume(t, mode) })
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			testPauseResume(t, mode)
+		})
 	}
 }
 
 func testPauseResume(t *testing.T, mode string) {
 	ctx := testenv.WorkContext(t)
-	db := testenv.MySQL(t)
+	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	v := consumeAll(t, b)
@@ -67,7 +71,7 @@ func testPauseResume(t *testing.T, mode string) {
 	epoch := progressEpoch(ctx, t, db)
 
 	began := time.Now()
-	r := ops(t, db, "pause", "--json", "--leader-lease", lease.String())
+	r := ops(t, db, "pause", "--json", "--leader-lease", lease.String(), "--wait", pauseWait)
 	took := time.Since(began)
 	var paused pauseJSON
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &paused) != nil || paused.Status != "PAUSED" || paused.Was != "ACTIVE" ||
@@ -86,19 +90,14 @@ func testPauseResume(t *testing.T, mode string) {
 	}
 	// Paused while the outbox fills: the wait for rows is the condition,
 	// not a sleep.
-	for {
-		var n int
-		if err := db.SQL.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE id >= ?", next).Scan(&n); err != nil {
+	var written int64
+	if err := progress.Wait(ctx, "rows written while paused", func() int64 {
+		if err := db.SQL.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE id >= ?", next).Scan(&written); err != nil {
 			t.Fatal(err)
 		}
-		if n >= 300 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("producers wrote %d rows while paused", n)
-		case <-time.After(50 * time.Millisecond):
-		}
+		return written
+	}, func() bool { return written >= 300 }); err != nil {
+		t.Fatalf("producers wrote %d rows while paused: %v", written, err)
 	}
 	s := statusOf(t, db, "--leader-lease", lease.String())
 	if s.Status != "PAUSED" || s.Paused == nil || !s.Paused.LeaderStopped || s.Paused.Seconds <= 0 || s.Epoch != epoch ||
@@ -113,14 +112,13 @@ func testPauseResume(t *testing.T, mode string) {
 	}
 	// The backlog metrics follow the outbox while paused, so an alert on
 	// the lag fires for a long pause (the leader counts every 5 s).
-	for pending, lag := 0.0, 0.0; pending < 300 || lag <= 0; {
+	var pending, lag float64
+	if err := progress.Wait(ctx, "backlog metrics while paused", nil, func() bool {
 		pending, lag = metricValue(t, base, "outbox_relay_pending_rows"), metricValue(t, base, "outbox_relay_lag_seconds")
-		select {
-		case <-ctx.Done():
-			t.Fatalf("while paused with %d rows pending: outbox_relay_pending_rows %v, outbox_relay_lag_seconds %v; want at least 300 and above 0",
-				s.PendingRows, pending, lag)
-		case <-time.After(100 * time.Millisecond):
-		}
+		return pending >= 300 && lag > 0
+	}); err != nil {
+		t.Fatalf("while paused with %d rows pending: outbox_relay_pending_rows %v, outbox_relay_lag_seconds %v; want at least 300 and above 0: %v",
+			s.PendingRows, pending, lag, err)
 	}
 	if code, body, err := httpGet(base + "/readyz"); err != nil || code != 200 {
 		t.Errorf("/readyz while paused: %d %q %v", code, body, err)
@@ -237,9 +235,10 @@ func TestCLIPauseWithoutLeader(t *testing.T) {
 // SIGTERM after 5,000 more; start again: every message exactly once, in
 // order per partition key.
 func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
+	heavy(t) // a server of its own (privateDB)
 	const total = 15_000
 	ctx := testenv.WorkContext(t)
-	db := testenv.MySQL(t)
+	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
 	migrate(t, db.DSN)
 	v := consumeAll(t, b)
@@ -258,7 +257,7 @@ func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
 	}
 
 	waitUnique(ctx, t, v, p, 2_000)
-	r := ops(t, db, "pause", "--leader-lease", testLease.String())
+	r := ops(t, db, "pause", "--leader-lease", testLease.String(), "--wait", pauseWait)
 	if r.code != 0 || !strings.Contains(r.stdout, "stopped at checkpoint") {
 		t.Fatalf("pause: %+v", r)
 	}
@@ -295,6 +294,7 @@ func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
 // it said arrived twice. Cut are the poll rounds of the first start's sweep,
 // and a 20,000-row transaction being read in binlog mode.
 func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
+	heavy(t) // servers of their own (privateDB); the cases one after the other
 	for _, tc := range []struct {
 		name, warn string
 		pending    bool // the rows are pending at the first start, else one transaction written while tailing
@@ -311,7 +311,7 @@ func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
 				total = 6_000
 			}
 			ctx := testenv.WorkContext(t)
-			db := testenv.MySQL(t)
+			db := privateDB(t)
 			b := testenv.RabbitMQ(t)
 			migrate(t, db.DSN)
 			v := consumeAll(t, b) // on the broker itself: only the relay's connections stall
@@ -373,6 +373,11 @@ func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
 		})
 	}
 }
+
+// pauseWait is pause --wait in the tests that need the leader stopped: it
+// finishes what it has in flight first, which on a busy machine has taken
+// longer than the default 30 s.
+var pauseWait = progress.Patience.String()
 
 // warnedMessages is the "messages" field of the relay's log line with msg.
 func warnedMessages(t *testing.T, out, msg string) int {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
@@ -186,6 +187,7 @@ type leakSetup struct {
 // real servers, and searches everything printed, logged and served over HTTP
 // for the passwords.
 func TestNoPasswordPrinted(t *testing.T) {
+	t.Parallel() // its relays have relay names of their own on the shared server
 	scan := newLeakScanner(t, leakMySQLPassword, leakAMQPPassword, leakNode2Password)
 	bin := relayBinary(t)
 	b := testenv.RabbitMQ(t)
@@ -219,13 +221,13 @@ func TestNoPasswordPrinted(t *testing.T) {
 		"malformed": {dsn: user + ":" + leakMySQLPassword.password + "@tcp(127.0.0.1:1)",
 			amqpURL: "amqp://leak:" + leakAMQPPassword.password + "@127.0.0.1:1/,amqp://leak2:" + leakNode2Password.password + "@127.0.0.1:1/"},
 		"database_missing": {dsn: dsnOf(addr, missing), amqpURL: deadBrokers},
-		// A relay name of its own: the leadership lock is named for the
-		// relay name alone, server-wide, and "success" runs a relay of the
-		// default name on the same server at the same time.
+		// Relay names of their own: the leadership lock is named for the
+		// relay name alone, server-wide, and other tests run relays on the
+		// same server at the same time.
 		"broker_unreachable": {dsn: dsnOf(addr, dbBroker.Name), amqpURL: deadBrokers, root: dbBroker, broker: b, relayName: "leak-unreachable",
 			relay: func(t *testing.T, p *relayProc) { waitReadyz(t, p, 503, "connect to AMQP broker") }},
 		"success": {dsn: dsnOf(addr, dbOK.Name), amqpURL: amqpURLWith(t, b.URL, rabbitUser(t, leakAMQPPassword.password), leakAMQPPassword.password),
-			root: dbOK, broker: b, succeeds: true, relay: func(t *testing.T, p *relayProc) { waitReadyz(t, p, 200, "ready") }},
+			root: dbOK, broker: b, succeeds: true, relayName: "leak-success", relay: func(t *testing.T, p *relayProc) { waitReadyz(t, p, 200, "ready") }},
 	}
 	for name, s := range setups {
 		t.Run(name, func(t *testing.T) {
@@ -246,18 +248,18 @@ func leakEnv(dsn, amqpURL string) []string {
 // body containing want.
 func waitReadyz(t *testing.T, p *relayProc, code int, want string) {
 	t.Helper()
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := testenv.WorkContext(t)
 	base := p.metricsURL(ctx)
-	for {
-		c, body, err := httpGet(base + "/readyz")
-		if err == nil && c == code && strings.Contains(body, want) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("/readyz answers %d %q (%v), want %d with %q", c, body, err, code, want)
-		case <-time.After(50 * time.Millisecond):
-		}
+	var (
+		c    int
+		body string
+		err  error
+	)
+	if werr := progress.Wait(ctx, "/readyz", nil, func() bool {
+		c, body, err = httpGet(base + "/readyz")
+		return err == nil && c == code && strings.Contains(body, want)
+	}); werr != nil {
+		t.Fatalf("/readyz answers %d %q (%v), want %d with %q: %v", c, body, err, code, want, werr)
 	}
 }
 

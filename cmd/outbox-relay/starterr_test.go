@@ -12,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
@@ -159,8 +160,7 @@ func TestCLIRunMySQLRefused(t *testing.T) {
 // failed attempts, and /readyz names the broker (password masked) and the
 // cause.
 func TestRunKeepsLeadershipWhileBrokerFails(t *testing.T) {
-	t.Parallel() // a server of its own; mostly waits for reconnects
-	srv := testenv.StartServer(t, testenv.ServerOptions{})
+	t.Parallel() // servers of its own; mostly waits for reconnects
 	b := testenv.RabbitMQ(t)
 	u, err := amqp.ParseURI(b.URL)
 	if err != nil {
@@ -187,8 +187,9 @@ func TestRunKeepsLeadershipWhileBrokerFails(t *testing.T) {
 		{"closed_port", "poll", viaProxy.String(), "connection refused", proxy.Enable},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx := testenv.Context(t, time.Minute)
-			db := srv.CreateDatabase(t)
+			t.Parallel() // a server each (privateDB): each leader takes the lock of the relay name 'default'
+			ctx := testenv.WorkContext(t)
+			db := privateDB(t)
 			migrate(t, db.DSN)
 			p := newRelayProc(t, relayArgs(t, db, b, "--mode", c.mode, "--amqp-url", c.url)...)
 			p.start()
@@ -203,12 +204,12 @@ func TestRunKeepsLeadershipWhileBrokerFails(t *testing.T) {
 			// Four failed dials span at least 0.1+0.2+0.4 s of backoff:
 			// a relay that gave up leadership on a failed dial would have
 			// done so by then.
-			for metricValue(t, base, sample) < 4 {
-				select {
-				case <-ctx.Done():
-					t.Fatalf("%s = %v, never reached 4", sample, metricValue(t, base, sample))
-				case <-time.After(50 * time.Millisecond):
-				}
+			var dials float64
+			if err := progress.Wait(ctx, "failed dials", func() int64 {
+				dials = metricValue(t, base, sample)
+				return int64(dials)
+			}, func() bool { return dials >= 4 }); err != nil {
+				t.Fatalf("%s = %v, never reached 4: %v", sample, dials, err)
 			}
 			if e := progressEpoch(ctx, t, db); e != epoch {
 				t.Errorf("epoch went from %d to %d while the broker failed: leadership was given up", epoch, e)

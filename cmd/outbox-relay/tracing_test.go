@@ -15,6 +15,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -146,13 +147,15 @@ func TestRunTracingExportsOTLP(t *testing.T) {
 	if err := v.WaitComplete(ctx); err != nil {
 		t.Fatal(err)
 	}
+	step, cancel := progress.Step(ctx)
+	defer cancel()
 	for {
 		spans, _, _ := recv.byMessageID()
 		if len(spans) >= len(ids) {
 			break
 		}
 		select {
-		case <-ctx.Done():
+		case <-step.Done():
 			t.Fatalf("received publish spans of %d of %d messages", len(spans), len(ids))
 		case <-time.After(50 * time.Millisecond):
 		}

@@ -13,13 +13,27 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// A private node starts next to the shared broker, really goes away on Stop
-// (open connections drop, new ones are refused) and comes back on Start with
-// its durable queue and the persistent message in it.
-func TestRabbitNodeStopStart(t *testing.T) {
+// One private node, with a TLS listener (RabbitTLS), is checked for all
+// the harness promises of StartRabbitMQ: a node starts beside the shared
+// broker without disturbing it (both answer at once); it serves AMQP over TLS
+// to clients that verify it; it really goes away on Stop and comes back on
+// Start with its durable queue and persistent message. One node for all:
+// each start of a RabbitMQ node costs seconds of both cores.
+func TestRabbitNode(t *testing.T) {
+	t.Parallel()
+	ca := testenv.NewCA(t)
 	began := time.Now()
-	n := testenv.StartRabbitMQ(t)
+	n := testenv.StartRabbitMQ(t, testenv.RabbitTLS(ca))
 	t.Logf("node %s on %s up in %v", n.Name(), n.Addr(), time.Since(began).Round(time.Millisecond))
+	t.Run("beside_shared_broker", func(t *testing.T) { testRabbitNodeBesideSharedBroker(t, n) })
+	t.Run("tls", func(t *testing.T) { testRabbitNodeTLS(t, n, ca) })
+	t.Run("stop_start", func(t *testing.T) { testRabbitNodeStopStart(t, n) })
+}
+
+// The node serves plain AMQP as guest on a port of its own, really goes away
+// on Stop (open connections drop, new ones are refused) and comes back on
+// Start with its durable queue and the persistent message in it.
+func testRabbitNodeStopStart(t *testing.T, n *testenv.RabbitNode) {
 	if !strings.HasPrefix(n.URL(), "amqp://guest:guest@127.0.0.1:") || strings.HasSuffix(n.URL(), ":5672/") {
 		t.Fatalf("URL %q: want guest on 127.0.0.1 on a port of its own", n.URL())
 	}
@@ -54,7 +68,7 @@ func TestRabbitNodeStopStart(t *testing.T) {
 		t.Errorf("rabbitmqctl list_queues does not show %s:\n%s", b.Queue, out)
 	}
 
-	began = time.Now()
+	began := time.Now()
 	n.Stop(t)
 	t.Logf("stopped in %v", time.Since(began).Round(time.Millisecond))
 	if n.Running() {
@@ -97,9 +111,8 @@ func TestRabbitNodeStopStart(t *testing.T) {
 }
 
 // The node does not disturb the shared broker: both answer at once.
-func TestRabbitNodeBesideSharedBroker(t *testing.T) {
+func testRabbitNodeBesideSharedBroker(t *testing.T, n *testenv.RabbitNode) {
 	shared := testenv.RabbitMQ(t)
-	n := testenv.StartRabbitMQ(t)
 	for _, url := range []string{shared.URL, n.URL()} {
 		c, err := amqp.Dial(url)
 		if err != nil {
@@ -114,9 +127,7 @@ func TestRabbitNodeBesideSharedBroker(t *testing.T) {
 // password (PLAIN), and as the certificate's common name without one
 // (EXTERNAL). A client without a certificate is refused; the plain listener
 // still works.
-func TestRabbitNodeTLS(t *testing.T) {
-	ca := testenv.NewCA(t)
-	n := testenv.StartRabbitMQ(t, testenv.RabbitTLS(ca))
+func testRabbitNodeTLS(t *testing.T, n *testenv.RabbitNode, ca *testenv.CA) {
 	if !strings.HasPrefix(n.AMQPSURL(), "amqps://guest:guest@localhost:") {
 		t.Fatalf("AMQPSURL %q", n.AMQPSURL())
 	}

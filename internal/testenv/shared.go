@@ -52,6 +52,12 @@ func Main(m *testing.M) int {
 			}
 		}
 	}
+	if err := removeTemplate(); err != nil {
+		fmt.Fprintf(os.Stderr, "testenv: remove the datadir template: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	shared.clusterOnce.Do(func() {})
 	if shared.cluster != nil {
 		if err := shared.cluster.destroy(); err != nil {
