@@ -245,8 +245,9 @@ func (b *bencher) soakRun(ctx context.Context, cfg *SoakConfig, mode string, rel
 }
 
 // soakSample reads the relay every cfg.Sample until cfg.Duration passed,
-// keeping (and printing) a sample every cfg.Report and one at the end; the
-// live heap of a sample kept is the lowest of its period. It returns early on the relay's
+// keeping (and printing) a sample every cfg.Report and one at the end (a
+// last period shorter than half a report replaces the one before, merged);
+// the live heap of a sample kept is the lowest of its period. It returns early on the relay's
 // exit, a writer's error or ctx's end.
 func (b *bencher) soakSample(ctx context.Context, cfg *SoakConfig, mode string, relay *relayProc, p *prober,
 	written *atomic.Int64, samples *[]SoakSample, werrs <-chan error) error {
@@ -275,7 +276,14 @@ func (b *bencher) soakSample(ctx context.Context, cfg *SoakConfig, mode string, 
 		}
 		s.Written = written.Load()
 		low = lowest(low, s)
-		if ended || time.Since((*samples)[len(*samples)-1].At) >= cfg.Report-cfg.Sample/2 {
+		due := time.Since((*samples)[len(*samples)-1].At) >= cfg.Report-cfg.Sample/2
+		if ended && !due && len(*samples) > 1 {
+			// A last period shorter than half a report: merged into the
+			// one before, whose lows it keeps if lower.
+			low = lowest(low, (*samples)[len(*samples)-1])
+			*samples = (*samples)[:len(*samples)-1]
+		}
+		if ended || due {
 			s.HeapLiveMiB, s.HeapAllocLowMiB = low.HeapLiveMiB, low.HeapAllocLowMiB
 			printSample(cfg.Out, mode, (*samples)[0], s, &(*samples)[len(*samples)-1])
 			*samples = append(*samples, s)
