@@ -3,6 +3,7 @@ package metrics
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -206,11 +207,14 @@ func (m *Metrics) collectors() []prometheus.Collector {
 }
 
 // NewRegistry returns a fresh registry holding the Go runtime and process
-// collectors (go_*, process_*) and the relay's metrics, for the daemon's
-// /metrics. Tests use New with their own registry instead.
+// collectors (go_*, process_*, and go_gc_heap_live_bytes: the heap the last
+// collection kept, the figure that shows whether memory grows with the
+// messages relayed) and the relay's metrics, for the daemon's /metrics.
+// Tests use New with their own registry instead.
 func NewRegistry() (*prometheus.Registry, *Metrics, error) {
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+	live := collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)}
+	if err := reg.Register(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(live))); err != nil {
 		return nil, nil, fmt.Errorf("register Go collector: %w", err)
 	}
 	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {

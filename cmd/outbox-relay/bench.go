@@ -38,7 +38,18 @@ after every 64 of the backlog, and one every 20 ms during the catch-up): its rat
 is the other keys', to set beside the shape's own (binlog mode; a poll round
 waits for the full key's message in it). Each
 figure is the median of --runs runs with min and max. 'make bench' starts a
-private binlog-enabled MariaDB for it.`,
+private binlog-enabled MariaDB for it.
+
+With --soak DURATION, bench runs the soak instead: for each of --modes, one
+after the other, a relay with the default flags (and --relay-flags) relays a
+steady stream of one-row transactions (--soak-rate a second, 0 as fast as the
+machine takes; each with a partition key of its own) for DURATION into a queue
+that keeps only its newest 10,000 messages. It prints a line at start and every
+--soak-report: messages published, the relay's live heap (go_gc_heap_live_bytes,
+the lowest of the period) and heap low point, RSS, goroutines, open files, its
+connections to the database and the server's Threads_connected, its CPU per
+message, and the load average; then per mode each figure at start, after the
+first period and at the end, and its slope per million transactions.`,
 		setup: setupBench,
 	})
 }
@@ -65,6 +76,10 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	var relayFlags string
 	fs.StringVar(&relayFlags, "relay-flags", "", "more flags for every relay bench runs, space-separated (e.g. \"--on-delivered=mark\"); the baseline binary's too")
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of the table")
+	soak := bench.SoakConfig{}
+	fs.DurationVar(&soak.Duration, "soak", 0, "run the soak for this `duration` per mode instead of the measurements above")
+	fs.Float64Var(&soak.Rate, "soak-rate", 0, "transactions per second of the soak; 0 is as fast as the machine takes")
+	fs.DurationVar(&soak.Report, "soak-report", time.Minute, "how often the soak prints a line and keeps a sample")
 	return func(ctx context.Context, inv *invocation) error {
 		if err := noArgs(inv, "bench"); err != nil {
 			return err
@@ -84,10 +99,30 @@ func setupBench(fs *flag.FlagSet) runFunc {
 			cfg.Shapes = strings.Split(shapes, ",")
 		}
 		cfg.Progress = inv.stderr
+		if soak.Duration > 0 {
+			return runSoak(ctx, inv, cfg, soak, asJSON)
+		}
 		res, err := bench.Run(ctx, cfg)
 		if err != nil {
 			return err
 		}
 		return render(inv.stdout, asJSON, res, func(w io.Writer) error { res.Table(w); return nil })
 	}
+}
+
+// runSoak runs bench --soak: the report lines on stdout (stderr with
+// --json), then the summary.
+func runSoak(ctx context.Context, inv *invocation, cfg bench.Config, soak bench.SoakConfig, asJSON bool) error {
+	soak.Config, soak.Out = cfg, inv.stdout
+	if asJSON {
+		soak.Out = inv.stderr
+	}
+	res, err := bench.Soak(ctx, soak)
+	if err != nil {
+		return err
+	}
+	if !asJSON {
+		return nil // each mode's summary was printed as it ended
+	}
+	return render(inv.stdout, true, res, nil)
 }
