@@ -52,6 +52,18 @@ func xaDecide(t *testing.T, db execer, verb, xid string) {
 	}
 }
 
+// tailFromNow runs a tailer of db's outbox from the server's current
+// position into a collector.
+func tailFromNow(t *testing.T, db *testenv.DB) (*running, *collector) {
+	t.Helper()
+	tl, err := New(tailerConfig(t, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &collector{}
+	return startRun(t, tl, currentPosition(t, db.SQL), c), c
+}
+
 // disconnect closes c's connection to the server (a transaction manager's
 // process that went away).
 func disconnect(c *sql.Conn) {
@@ -80,12 +92,7 @@ func waitExit(t *testing.T, r *running) error {
 func TestXARowsHeldUntilCommit(t *testing.T) {
 	db := testenv.MySQL(t)
 	setupOutbox(t, db)
-	tl, err := New(tailerConfig(t, db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collector{}
-	r := startRun(t, tl, currentPosition(t, db.SQL), c)
+	r, c := tailFromNow(t, db)
 
 	rolledBack := xaPrepare(t, db.SQL, "rolled-back", newRecords(3))
 	foreign := xaPrepare(t, db.SQL, "foreign", nil)
@@ -102,7 +109,7 @@ func TestXARowsHeldUntilCommit(t *testing.T) {
 	}
 
 	xaDecide(t, committed, "COMMIT", "committed")
-	err = waitExit(t, r)
+	err := waitExit(t, r)
 	var xe *XACommitError
 	if !errors.As(err, &xe) || !xe.Seen || xe.Rows != 2 || xe.XID != "x'636f6d6d6974746564',x'',1" {
 		t.Fatalf("Run returned %v, want an *XACommitError for the 2 rows of xid 'committed'", err)
@@ -132,16 +139,11 @@ func TestXAPrepareOlderThanTheStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tl, err := New(tailerConfig(t, db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collector{}
-	r := startRun(t, tl, currentPosition(t, db.SQL), c)
+	r, c := tailFromNow(t, db)
 	xaDecide(t, db.SQL, "ROLLBACK", "before-a")
 	waitCovered(t, r, c, currentPosition(t, db.SQL), 30*time.Second)
 	xaDecide(t, db.SQL, "COMMIT", "before-b")
-	err = waitExit(t, r)
+	err := waitExit(t, r)
 	var xe *XACommitError
 	if !errors.As(err, &xe) || xe.Seen && xe.Rows != 1 {
 		t.Fatalf("Run returned %v, want an *XACommitError for before-b", err)
@@ -175,12 +177,7 @@ func TestUnitXACommitUnseen(t *testing.T) {
 func TestXAOnePhase(t *testing.T) {
 	db := testenv.MySQL(t)
 	setupOutbox(t, db)
-	tl, err := New(tailerConfig(t, db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collector{}
-	r := startRun(t, tl, currentPosition(t, db.SQL), c)
+	r, c := tailFromNow(t, db)
 	ctx := testCtx(t)
 	w := writer(t, db.SQL)
 	for _, q := range []string{"XA START 'one'", "", "XA END 'one'", "XA COMMIT 'one' ONE PHASE"} {
