@@ -17,8 +17,14 @@ import (
 
 // tableCfg is a leadership config of relay name on the default outbox
 // table, with a short lease.
+// tableCfg is the leadership of relay name name in the table tests: a 2 s
+// lease, waited out within the tests, and a heartbeat of 500 ms, whose
+// statement may take up to a second (two intervals) before the term ends.
+// With 200 ms, a heartbeat UPDATE slower than 400 ms on a busy machine ended
+// a term while it waited out another name's lease
+// (TestAcquireRaceOneRelayNamePerTable failed so beside the whole suite).
 func tableCfg(name string) leadership.Config {
-	return leadership.Config{RelayName: name, Instance: name + "-1", HeartbeatInterval: 200 * time.Millisecond, LeaderLease: 2 * time.Second}
+	return leadership.Config{RelayName: name, Instance: name + "-1", HeartbeatInterval: 500 * time.Millisecond, LeaderLease: 2 * time.Second}
 }
 
 // tableLock is the lock of db's default outbox table.
@@ -90,7 +96,7 @@ func TestAcquireRefusesSecondRelayNameOnTable(t *testing.T) {
 	if err := db.QueryRowContext(ctx, "SELECT leader_heartbeat FROM outbox_relay_progress WHERE relay_name = 'acc'").Scan(&hb1); err != nil {
 		t.Fatal(err)
 	}
-	for hb2.Sub(hb1) < 600*time.Millisecond {
+	for hb2.Sub(hb1) < 3*other.HeartbeatInterval {
 		select {
 		case <-first.Lost():
 			t.Fatalf("the first leader lost leadership: %v", first.Err())
