@@ -15,8 +15,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// tableCfg is a leadership config of relay name on the default outbox
-// table, with a short lease.
 // tableCfg is the leadership of relay name name in the table tests: a 2 s
 // lease, waited out within the tests, and a heartbeat of 500 ms, whose
 // statement may take up to a second (two intervals) before the term ends.
