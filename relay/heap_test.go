@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
@@ -62,7 +61,7 @@ func TestRelayHeapFlatOverTransactions(t *testing.T) {
 			db, b := setup(t)
 			b.UnbindQueue(t)
 			b.DeclareQueueArgs(t, "#", amqp.Table{"x-max-length": int64(1000)})
-			ctx := testenv.Context(t, 10*time.Minute)
+			ctx := testenv.WorkContext(t)
 			startRelay(t, db, b, func(c *Config) {
 				c.Mode, c.Logger = tc.mode, zap.NewNop() // zaptest keeps every line in memory
 				c.CheckpointInterval = 0
