@@ -174,14 +174,21 @@ func readStatus(ctx context.Context, t *testing.T, db *sql.DB, name string) oper
 // returns by itself (progress.Patience at most).
 func runUntilExit(t *testing.T, cfg Config) error {
 	t.Helper()
-	rr := runRelay(t, cfg, nil)
+	return exitErr(t, runRelay(t, cfg, nil), "the relay did not stop by itself")
+}
+
+// exitErr waits (progress.Patience at most, else fails with why) until
+// rr's Run returns by itself, and takes its error: expected, so not the
+// cleanup's failure.
+func exitErr(t *testing.T, rr *relayRun, why string) error {
+	t.Helper()
 	select {
 	case <-rr.done:
 		err := rr.err
-		rr.err = nil // expected: not the cleanup's failure
+		rr.err = nil
 		return err
 	case <-time.After(progress.Patience):
-		t.Fatalf("the relay did not stop by itself within %v", progress.Patience)
+		t.Fatalf("%s within %v", why, progress.Patience)
 		return nil
 	}
 }
@@ -208,13 +215,7 @@ func TestSchemaChangeBinlogModeFails(t *testing.T) {
 	exec(ctx, t, db.SQL, "ALTER TABLE outbox CHANGE acc_msg_type message_type VARCHAR(255) NOT NULL")
 	odd.write(ctx, t, db.SQL, "message_type", 5)
 
-	select {
-	case <-rr.done:
-	case <-time.After(progress.Patience):
-		t.Fatal("binlog mode went on past a table map without message_type")
-	}
-	first := rr.err
-	rr.err = nil // expected: not the cleanup's failure
+	first := exitErr(t, rr, "binlog mode went on past a table map without message_type")
 	checkRefusal := func(err error) {
 		t.Helper()
 		var ce *ConfigError
@@ -349,13 +350,7 @@ func TestStatementLoggedRows(t *testing.T) {
 		waitReceived(ctx, t, v, 150)
 		statementRows(ctx, t, db, odd, 20)
 		load.stop(t)
-		select {
-		case <-rr.done:
-		case <-time.After(progress.Patience):
-			t.Fatal("binlog mode went on past statement-logged outbox rows")
-		}
-		err := rr.err
-		rr.err = nil
+		err := exitErr(t, rr, "binlog mode went on past statement-logged outbox rows")
 		var ce *ConfigError
 		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "binlog_format") || !strings.Contains(err.Error(), "Config.Mode auto") {
 			t.Fatalf("Run returned %v, want a *ConfigError naming binlog_format and the way out", err)
