@@ -64,10 +64,10 @@ func startStream(ctx context.Context, db *sql.DB, v *validator.Validator, exchan
 	return s
 }
 
-func progressEpoch(ctx context.Context, t *testing.T, db *sql.DB) int64 {
+func progressEpoch(ctx context.Context, t *testing.T, db *testenv.DB) int64 {
 	t.Helper()
 	var epoch int64
-	if err := db.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = 'default'").Scan(&epoch); err != nil {
+	if err := db.SQL.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?", relayNameFor(db.Name)).Scan(&epoch); err != nil {
 		t.Fatalf("read the leader epoch: %v", err)
 	}
 	return epoch
@@ -79,6 +79,7 @@ func progressEpoch(ctx context.Context, t *testing.T, db *sql.DB) int64 {
 // had read by then, the term ends (the relay takes leadership again, with a
 // new epoch) within seconds, and the stream then arrives whole.
 func TestRelayAckFencedEndsTermAtOnce(t *testing.T) {
+	t.Parallel()
 	const budget = 1 << 20 // the least --max-inflight-bytes
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
@@ -87,10 +88,10 @@ func TestRelayAckFencedEndsTermAtOnce(t *testing.T) {
 
 	s := startStream(ctx, db.SQL, v, b.Exchange, 2_000, 3*time.Millisecond)
 	waitReceived(ctx, t, v, 300)
-	epoch := progressEpoch(ctx, t, db.SQL)
+	epoch := progressEpoch(ctx, t, db)
 	// A newer leader's term, already ended cleanly (leader_instance NULL):
 	// one that had not would have to be waited out for its lease.
-	if _, err := db.SQL.ExecContext(ctx, "UPDATE outbox_relay_progress SET epoch = epoch + 1, leader_instance = NULL WHERE relay_name = 'default'"); err != nil {
+	if _, err := db.SQL.ExecContext(ctx, "UPDATE outbox_relay_progress SET epoch = epoch + 1, leader_instance = NULL WHERE relay_name = ?", relayNameFor(db.Name)); err != nil {
 		t.Fatal(err)
 	}
 	bumped, lastBefore := time.Now(), s.last.Load()
@@ -98,7 +99,7 @@ func TestRelayAckFencedEndsTermAtOnce(t *testing.T) {
 	// The relay takes leadership again as soon as its term has ended:
 	// nobody else holds the lock. The heartbeat alone would notice the
 	// bump only up to a minute later.
-	for progressEpoch(ctx, t, db.SQL) != epoch+2 {
+	for progressEpoch(ctx, t, db) != epoch+2 {
 		if time.Since(bumped) > 20*time.Second {
 			t.Fatalf("20 s after the epoch bump the relay's term had not ended (heartbeat interval 1 min)")
 		}
@@ -185,6 +186,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // everything until the acknowledgements pass again. Then, with DELETE
 // granted back, everything arrives, in order per key, and is acknowledged.
 func TestRelayStopsReadingWhileAcknowledgementsFail(t *testing.T) {
+	t.Parallel()
 	const budget, rows = 1 << 20, 6_000 // the least --max-inflight-bytes; rows of about 400 bytes
 	srv, db, b := privateSetup(t)
 	root := srv.Root(t)

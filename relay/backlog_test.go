@@ -19,6 +19,7 @@ import (
 // under way; once the broker is fast again and every row has arrived, all
 // four are back at 0.
 func TestPollModeMetricsFollowTheBacklog(t *testing.T) {
+	t.Parallel()
 	const rows = 300
 	db, b := setup(t)
 	v := consume(t, b, b.Queue) // directly on the broker: only the relay is slowed

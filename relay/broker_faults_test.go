@@ -20,6 +20,7 @@ import (
 // for a second): every message arrives, first deliveries stay in commit order
 // per partition, and the outbox ends empty.
 func TestRelaySurvivesBrokerCut(t *testing.T) {
+	t.Parallel()
 	const total = 20_000
 	db, b := setup(t)
 	v := consume(t, b, b.Queue) // directly on the broker: only the relay's connection is cut

@@ -23,14 +23,14 @@ type progressStatus struct {
 	lastError string
 }
 
-func readProgressStatus(ctx context.Context, t *testing.T, db *sql.DB) progressStatus {
+func readProgressStatus(ctx context.Context, t *testing.T, db *sql.DB, relayName string) progressStatus {
 	t.Helper()
 	var (
 		s        progressStatus
 		failedAt sql.NullString
 		lastErr  sql.NullString
 	)
-	if err := db.QueryRowContext(ctx, "SELECT status, failed_at, last_error FROM outbox_relay_progress WHERE relay_name = 'default'").
+	if err := db.QueryRowContext(ctx, "SELECT status, failed_at, last_error FROM outbox_relay_progress WHERE relay_name = ?", relayName).
 		Scan(&s.status, &failedAt, &lastErr); err != nil {
 		t.Fatalf("read the progress row: %v", err)
 	}
@@ -40,9 +40,9 @@ func readProgressStatus(ctx context.Context, t *testing.T, db *sql.DB) progressS
 
 // wantFailed checks that the progress row says FAILED since a time, with a
 // last error containing each of want.
-func wantFailed(ctx context.Context, t *testing.T, db *sql.DB, want ...string) {
+func wantFailed(ctx context.Context, t *testing.T, db *sql.DB, relayName string, want ...string) {
 	t.Helper()
-	s := readProgressStatus(ctx, t, db)
+	s := readProgressStatus(ctx, t, db, relayName)
 	if s.status != checkpoint.StatusFailed || !s.failedAt {
 		t.Fatalf("progress row: status %s, failed_at set %v; want FAILED with a time", s.status, s.failedAt)
 	}
@@ -54,9 +54,9 @@ func wantFailed(ctx context.Context, t *testing.T, db *sql.DB, want ...string) {
 }
 
 // wantActive checks that the progress row is ACTIVE with no failed_at.
-func wantActive(ctx context.Context, t *testing.T, db *sql.DB) {
+func wantActive(ctx context.Context, t *testing.T, db *sql.DB, relayName string) {
 	t.Helper()
-	if s := readProgressStatus(ctx, t, db); s.status != checkpoint.StatusActive || s.failedAt {
+	if s := readProgressStatus(ctx, t, db, relayName); s.status != checkpoint.StatusActive || s.failedAt {
 		t.Fatalf("progress row: status %s, failed_at set %v; want ACTIVE without failed_at", s.status, s.failedAt)
 	}
 }
@@ -66,6 +66,7 @@ func wantActive(ctx context.Context, t *testing.T, db *sql.DB) {
 // it never led. Once the grant is given, the next run's term delivers and
 // clears it; another refusal, then `resume`, clears it too.
 func TestStatusFailedOnGrantRefusalClearedByNextTermAndResume(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	ctx := testenv.WorkContext(t)
 	root := srv.Root(t)
@@ -93,7 +94,7 @@ func TestStatusFailedOnGrantRefusalClearedByNextTermAndResume(t *testing.T) {
 			t.Fatalf("Run returned %v, want a *ConfigError", rr.err)
 		}
 		rr.err = nil
-		wantFailed(ctx, t, db.SQL, canal.CheckReplSlave)
+		wantFailed(ctx, t, db.SQL, relayNameFor(db.Name), canal.CheckReplSlave)
 	}
 	refused()
 
@@ -102,7 +103,7 @@ func TestStatusFailedOnGrantRefusalClearedByNextTermAndResume(t *testing.T) {
 	}
 	rr := runRelay(t, cfg, nil)
 	waitFor(ctx, t, rr, "tailing", rr.r.Tailing)
-	wantActive(ctx, t, db.SQL)
+	wantActive(ctx, t, db.SQL, relayNameFor(db.Name))
 	if err := rr.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -111,16 +112,17 @@ func TestStatusFailedOnGrantRefusalClearedByNextTermAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused()
-	if was, err := operator.Resume(ctx, db.SQL, "default"); err != nil || was != checkpoint.StatusFailed {
+	if was, err := operator.Resume(ctx, db.SQL, relayNameFor(db.Name)); err != nil || was != checkpoint.StatusFailed {
 		t.Fatalf("resume: was %q, %v; want FAILED", was, err)
 	}
-	wantActive(ctx, t, db.SQL)
+	wantActive(ctx, t, db.SQL, relayNameFor(db.Name))
 }
 
 // DDL on the outbox while the relay tails it (a required column renamed)
 // stops binlog mode with a *canal.SchemaError; the leader marks the
 // progress row FAILED naming the column before it exits.
 func TestStatusFailedOnSchemaMismatch(t *testing.T) {
+	t.Parallel()
 	_, db, b := privateSetup(t)
 	ctx := testenv.WorkContext(t)
 	rr := runRelay(t, Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, Mode: ModeBinlog,
@@ -144,7 +146,7 @@ func TestStatusFailedOnSchemaMismatch(t *testing.T) {
 		t.Fatalf("Run returned %v, want a *canal.SchemaError", rr.err)
 	}
 	rr.err = nil
-	wantFailed(ctx, t, db.SQL, "routing_key")
+	wantFailed(ctx, t, db.SQL, relayNameFor(db.Name), "routing_key")
 }
 
 // Two instances of one relay name in --mode binlog with the same flags (so
@@ -153,6 +155,7 @@ func TestStatusFailedOnSchemaMismatch(t *testing.T) {
 // first stops, it leads and tails. (The relay's user here is root, which may
 // list the server's replicas, so the clash check runs.)
 func TestBinlogStandbySharesTheLeadersServerID(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	ctx := testenv.WorkContext(t)
 	cfg := Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, Mode: ModeBinlog,

@@ -33,6 +33,7 @@ const bigTxnRows = 3_000
 // the transaction, and the replica has it. A process started fresh with
 // the same --state-file refuses too.
 func TestRelayRefusesFailoverLosingPartlyPublishedTxn(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []Mode{ModeAuto, ModeBinlog} {
 		t.Run(string(mode), func(t *testing.T) {
 			ctx := testenv.WorkContext(t)
@@ -62,7 +63,7 @@ func TestRelayRefusesFailoverLosingPartlyPublishedTxn(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { rdb.Close() })
-			wantFailed(ctx, t, rdb, "lossy failover", gtid)
+			wantFailed(ctx, t, rdb, relayNameFor(f.db.Name), "lossy failover", gtid)
 
 			fresh := runRelay(t, Config{MySQLDSN: f.replica.DSN(f.db.Name), AMQPURL: f.b.URL, DefaultExchange: f.b.Exchange,
 				HeartbeatInterval: 500 * time.Millisecond, StateFile: state, Mode: mode}, nil)
@@ -70,14 +71,14 @@ func TestRelayRefusesFailoverLosingPartlyPublishedTxn(t *testing.T) {
 			if !strings.Contains(again.Missing, gtid) && !strings.HasSuffix(again.Missing, ".."+gtid) {
 				t.Fatalf("fresh relay refused with missing %q, want the transaction %s", again.Missing, gtid)
 			}
-			wantFailed(ctx, t, rdb, "lossy failover", gtid)
+			wantFailed(ctx, t, rdb, relayNameFor(f.db.Name), "lossy failover", gtid)
 
 			// The operator accepts the loss: that term delivers and
 			// clears FAILED.
 			accepted := runRelay(t, Config{MySQLDSN: f.replica.DSN(f.db.Name), AMQPURL: f.b.URL, DefaultExchange: f.b.Exchange,
 				HeartbeatInterval: 500 * time.Millisecond, StateFile: state, Mode: mode, AcceptLostGTIDs: true}, nil)
 			waitFor(ctx, t, accepted, "tailing after accepting the loss", accepted.r.Tailing)
-			wantActive(ctx, t, rdb)
+			wantActive(ctx, t, rdb, relayNameFor(f.db.Name))
 		})
 	}
 }
@@ -87,6 +88,7 @@ func TestRelayRefusesFailoverLosingPartlyPublishedTxn(t *testing.T) {
 // an auto relay must not start a poll term that publishes on; it refuses as
 // it does in binlog mode.
 func TestRelayAutoRefusesLossyFailoverToUnreadableBinlog(t *testing.T) {
+	t.Parallel()
 	ctx := testenv.WorkContext(t)
 	f := lossyRig(ctx, t, false)
 	if _, err := f.replica.Root(t).ExecContext(ctx, "SET GLOBAL binlog_row_metadata = MINIMAL"); err != nil {

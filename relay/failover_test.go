@@ -128,6 +128,7 @@ func failoverCount(ctx context.Context, t *testing.T, db *sql.DB, q string) int 
 // commit order per partition, and only rows of the transactions after the
 // replicated checkpoint (the unacknowledged tail) may arrive twice.
 func TestRelayFailoverToCaughtUpReplica(t *testing.T) {
+	t.Parallel()
 	f := newFailoverRig(t, false)
 	ctx := testenv.WorkContext(t)
 	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
@@ -229,6 +230,7 @@ func (f *failoverRig) stopReplica(ctx context.Context, t *testing.T) {
 // domain only, would pass: the row is the replica's own, and the replica's
 // next transactions reuse the lost sequence numbers under its own server id.
 func TestRelayRefusesLossyFailover(t *testing.T) {
+	t.Parallel()
 	ctx := testenv.WorkContext(t)
 	f, _ := lossyFailover(ctx, t, false)
 	// The relay reconnects within seconds (its backoff is capped at 10 s);
@@ -266,6 +268,7 @@ func TestRelayRefusesLossyFailover(t *testing.T) {
 // With AcceptLostGTIDs the relay resumes on the promoted replica from the
 // server's own position and delivers everything written there afterwards.
 func TestRelayAcceptsLostGTIDs(t *testing.T) {
+	t.Parallel()
 	ctx := testenv.WorkContext(t)
 	f, rdb := lossyFailover(ctx, t, true)
 	produce(ctx, t, &testenv.DB{SQL: rdb}, f.b, f.v, load{producers: 2, partitions: 10, total: 300, bigTxn: 10, bigShare: 0.3})
@@ -291,6 +294,7 @@ func TestRelayAcceptsLostGTIDs(t *testing.T) {
 // two-domain row, resumes from it too. Every message arrives, in commit
 // order per partition.
 func TestRelayFailoverToReplicaWithOtherDomain(t *testing.T) {
+	t.Parallel()
 	f := newFailoverRig(t, false)
 	ctx := testenv.WorkContext(t)
 	waitFor(ctx, t, f.rr, "tailing", f.rr.r.Tailing)
@@ -351,6 +355,7 @@ func TestRelayFailoverToReplicaWithOtherDomain(t *testing.T) {
 // limit). With the --state-file the old process kept, it refuses as the old
 // process does, naming the file.
 func TestRelayStateFileCatchesLossyFailoverAfterRestart(t *testing.T) {
+	t.Parallel()
 	ctx := testenv.WorkContext(t)
 	state := filepath.Join(t.TempDir(), "relay-state.json")
 	f, _ := lossyFailover(ctx, t, false, func(c *Config) { c.StateFile = state })

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/internal/progress"
@@ -29,6 +30,13 @@ func runRelay(t *testing.T, cfg Config, tweak func(*Relay)) *relayRun {
 	t.Helper()
 	if cfg.ServerID == 0 {
 		cfg.ServerID = testenv.ServerID(t)
+	}
+	if cfg.RelayName == "" {
+		dsn, err := mysql.ParseDSN(cfg.MySQLDSN)
+		if err != nil {
+			t.Fatalf("relay DSN: %v", err)
+		}
+		cfg.RelayName = relayNameFor(dsn.DBName)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zaptest.NewLogger(t).Named("relay")
@@ -120,6 +128,7 @@ func waitFor(ctx context.Context, t *testing.T, rr *relayRun, what string, cond 
 // whole read timeout, longer than the tailer's backoff cap. Then it delivers
 // by polling.
 func TestFallsBackWhenBinlogConnectionHangs(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	proxy := testenv.Proxy(t, srv.Addr())
 	v := consume(t, b, b.Queue)

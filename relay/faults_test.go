@@ -33,6 +33,7 @@ func waitReceived(ctx context.Context, t *testing.T, v *validator.Validator, n i
 // started again: nothing is lost, first deliveries stay in commit order per
 // partition, and what was written after the restart arrives too.
 func TestRelaySurvivesMariaDBKill(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, nil)
@@ -67,6 +68,7 @@ func TestRelaySurvivesMariaDBKill(t *testing.T) {
 // new rows from the binlog alone. (Leadership heartbeats touch only the
 // progress row.)
 func TestRelayIdleSendsNoOutboxQuery(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	root := srv.Root(t)
 	ctx := testenv.WorkContext(t)

@@ -35,6 +35,7 @@ const fullQueueLength = 50
 // keys: the confirmed messages behind A's nacked head never reached the
 // tracker, the lanes' byte budget was spent, and every lane stopped.
 func TestRelayFullQueueHoldsBackOnlyItsKey(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	// b.Queue would take A's messages too: each nacked publish would leave
 	// a copy there.

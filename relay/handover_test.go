@@ -34,6 +34,7 @@ func durableSetup(t *testing.T) (*testenv.Server, *testenv.DB, *testenv.Broker) 
 // and not visible to the window's pending check) would either arrive out of
 // order, swept up by a later handover, or never, after the last one.
 func TestHandoverUnderConcurrentProducers(t *testing.T) {
+	t.Parallel()
 	_, db, b := durableSetup(t)
 	v := consume(t, b, b.Queue)
 	ctx := testenv.WorkContext(t)

@@ -70,7 +70,7 @@ func TestIdleRelayStatements(t *testing.T) {
 	// the window.
 	cfg := Config{
 		MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, ServerID: testenv.ServerID(t),
-		Logger: zaptest.NewLogger(t).Named("standby"), Instance: "standby",
+		Logger: zaptest.NewLogger(t).Named("standby"), Instance: "standby", RelayName: relayNameFor(db.Name),
 	}
 	scaled(&cfg)
 	standby, err := New(cfg)

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"sync"
@@ -25,6 +27,16 @@ func setup(t *testing.T) (*testenv.DB, *testenv.Broker) {
 	return db, testenv.RabbitMQ(t)
 }
 
+// relayNameFor is the relay name the tests' relays on database dbName run
+// under. The tests run in parallel, most of them on the shared server, and
+// a relay name's user locks (leadership, poll locks) are the server's, not
+// the database's: relays of one name in two databases of one server would
+// take turns as leader.
+func relayNameFor(dbName string) string {
+	sum := sha256.Sum256([]byte(dbName))
+	return "test-" + hex.EncodeToString(sum[:8])
+}
+
 // startRelay runs a relay in this process until the test ends; stop shuts it
 // down like SIGTERM and returns Run's error.
 func startRelay(t *testing.T, db *testenv.DB, b *testenv.Broker, mod func(*Config)) (stop func() error) {
@@ -39,7 +51,7 @@ func startRelayR(t *testing.T, db *testenv.DB, b *testenv.Broker, mod func(*Conf
 	cfg := Config{
 		MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange,
 		ServerID: testenv.ServerID(t), Logger: zaptest.NewLogger(t).Named("relay"),
-		CheckpointInterval: time.Second,
+		CheckpointInterval: time.Second, RelayName: relayNameFor(db.Name),
 	}
 	if mod != nil {
 		mod(&cfg)

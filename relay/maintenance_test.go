@@ -19,6 +19,7 @@ import (
 // it becomes the leader, and the old leader's calls stop with its term.
 // The standby says it is one once at INFO, then at DEBUG.
 func TestMaintenanceRunsOnTheLeaderOnly(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	ctx := testenv.Context(t, time.Minute)
 	var first, second atomic.Int64
@@ -34,7 +35,7 @@ func TestMaintenanceRunsOnTheLeaderOnly(t *testing.T) {
 
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := Config{MySQLDSN: db.DSN, AMQPURL: b.URL, DefaultExchange: b.Exchange, ServerID: testenv.ServerID(t),
-		Logger: zap.New(core), StandbyRetry: 20 * time.Millisecond}
+		Logger: zap.New(core), StandbyRetry: 20 * time.Millisecond, RelayName: relayNameFor(db.Name)}
 	hook(&second)(&cfg)
 	standby, err := New(cfg)
 	if err != nil {

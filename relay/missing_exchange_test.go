@@ -17,6 +17,7 @@ import (
 // outbox_failed; every other row arrives exactly once (no copies from a
 // channel the broker closed), first deliveries in commit order per partition.
 func TestRelayMissingExchangeCostsNeighboursNothing(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []Mode{ModeBinlog, ModePoll} {
 		t.Run(string(mode), func(t *testing.T) {
 			db, b := setup(t)

@@ -50,6 +50,7 @@ func (m *modes) wait(ctx context.Context, t *testing.T, mode Mode) {
 // --mode poll alone: every message exactly once, in commit order per
 // partition, with four workers; and the same with --on-delivered=mark.
 func TestPollModeDeliversExactlyOnceInOrder(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		mark  bool
 		total int
@@ -84,6 +85,7 @@ func TestPollModeDeliversExactlyOnceInOrder(t *testing.T) {
 // producers keep writing: nothing lost, nothing sent twice, commit order per
 // partition. The first start runs the poll → binlog handover.
 func TestFirstStartWithBacklogAndLiveProducers(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	ctx := testenv.WorkContext(t)
@@ -112,6 +114,7 @@ func TestFirstStartWithBacklogAndLiveProducers(t *testing.T) {
 // checkpoint, relay started: it polls, catches up, returns to binlog mode,
 // and nothing is lost.
 func TestPurgedCheckpointPollsThenReturnsToBinlog(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	v := consume(t, b, b.Queue)
 	ctx := testenv.WorkContext(t)
@@ -142,6 +145,7 @@ func TestPurgedCheckpointPollsThenReturnsToBinlog(t *testing.T) {
 
 // A server with the binlog off: auto mode polls and delivers.
 func TestBinlogOffPolls(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartServer(t, testenv.ServerOptions{NoBinlog: true})
 	db := srv.CreateDatabase(t)
 	ctx := testenv.WorkContext(t)
@@ -221,6 +225,7 @@ func revokeAndCut(ctx context.Context, t *testing.T, root *sql.DB) {
 // back to the binlog within the retry interval; nothing is lost and first
 // deliveries keep commit order per partition.
 func TestSwitchesUnderLoad(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	root := srv.Root(t)
 	dsn := relayUser(t, root, srv, db.Name)

@@ -21,6 +21,7 @@ import (
 // every message arrives once, and the first deliveries of each partition
 // come in commit order.
 func TestRelayNackedKeepsOrderPerKey(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	queue := b.DeclareQueueArgs(t, "#", amqp.Table{"x-max-length": int64(20), "x-overflow": "reject-publish"})
 	// Only the limited queue may receive the exchange's messages: a publish

@@ -83,6 +83,7 @@ func TestPublishedLogBounded(t *testing.T) {
 // what was sent since the last acknowledgement: its memory follows what is in
 // flight, not how long the relay has run.
 func TestPublishedLogFollowsWhatIsInFlight(t *testing.T) {
+	t.Parallel()
 	const txns, ackEvery = 1_000_000, 1_000
 	var l publishedLog
 	l.startTerm(position.FlavorMariaDB)

@@ -51,6 +51,7 @@ func tableUser(ctx context.Context, t *testing.T, root *sql.DB, srv *testenv.Ser
 // the term, finds the position purged, polls), and once the grant is back
 // every message arrives and the outbox empties.
 func TestPurgedPositionAndFailedFinalAckKeepRunning(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	root := srv.Root(t)
 	ctx := testenv.WorkContext(t)

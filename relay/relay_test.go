@@ -16,6 +16,7 @@ import (
 // partition, with body, headers and properties equal to its row; then the
 // outbox is empty and the checkpoint is stored.
 func TestRelayDeliversEveryMessageOnceInOrder(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	stop := startRelay(t, db, b, nil)
@@ -33,7 +34,7 @@ func TestRelayDeliversEveryMessageOnceInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	var gtid string
-	if err := db.SQL.QueryRowContext(ctx, "SELECT gtid_set FROM outbox_relay_progress WHERE relay_name = 'default'").Scan(&gtid); err != nil || gtid == "" {
+	if err := db.SQL.QueryRowContext(ctx, "SELECT gtid_set FROM outbox_relay_progress WHERE relay_name = ?", relayNameFor(db.Name)).Scan(&gtid); err != nil || gtid == "" {
 		t.Fatalf("stored position %q, %v: want a GTID set", gtid, err)
 	}
 	waitRows(ctx, t, db, "SELECT COUNT(*) FROM outbox_failed", 0)
@@ -41,6 +42,7 @@ func TestRelayDeliversEveryMessageOnceInOrder(t *testing.T) {
 
 // The same in --on-delivered=mark mode: rows stay, marked delivered.
 func TestRelayMarkMode(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, func(c *Config) { c.OnDelivered = "mark" })
@@ -60,6 +62,7 @@ func TestRelayMarkMode(t *testing.T) {
 // outbox_failed; the messages after them in the same partition still arrive,
 // in order.
 func TestRelayUnroutableGoesToFailedAndPartitionMovesOn(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	ctx := testenv.WorkContext(t)
 	unbound := b.Exchange + ".unbound"
@@ -145,6 +148,7 @@ var _ = testenv.Require
 // which delivers each once it is due and never before; rows without a delay
 // go out from the stream, not held back by them.
 func TestRelayDeliversDelayedRowsWhenDue(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	startRelay(t, db, b, nil)

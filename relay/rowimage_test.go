@@ -16,6 +16,7 @@ import (
 // is smaller than one row's payload. The producers' inserts keep the
 // server's FULL image, which the relay reads.
 func TestRelayAcknowledgesWithMinimalRowImage(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	startRelay(t, db, b, nil)
 	ctx := testenv.WorkContext(t)

@@ -35,6 +35,7 @@ const stallTxns = 20
 // on its own. A process started fresh with the copy against the promoted
 // replica must refuse too, naming the missing transactions and the file.
 func TestRelayStateFileFollowsSentWhileAcksStall(t *testing.T) {
+	t.Parallel()
 	ctx := testenv.WorkContext(t)
 	state := filepath.Join(t.TempDir(), "relay-state.json")
 	f := stalledAckRig(t, state)
@@ -110,7 +111,7 @@ func stalledAckRig(t *testing.T, state string) *failoverRig {
 // there fails the test, which goes on with the copy as it is.
 func killedStateFile(t *testing.T, rr *relayRun, state, gtid string) string {
 	t.Helper()
-	file := &stateFile{path: state, relayName: DefaultRelayName}
+	file := &stateFile{path: state, relayName: rr.r.cfg.RelayName}
 	var saved position.Position
 	termEnded := false
 	err := progress.WaitPatience(context.Background(), 100*ackGap, "the state file holds "+gtid, nil, func() bool {

@@ -15,6 +15,7 @@ import (
 // (5 minutes here; the run's stop helper gives up after one). Every row stays
 // pending, and a relay with the broker delivers each exactly once.
 func TestBinlogStopWithBrokerUnreachableDoesNotWait(t *testing.T) {
+	t.Parallel()
 	_, db, b := privateSetup(t)
 	ctx := testenv.WorkContext(t)
 	v := consume(t, b, b.Queue)

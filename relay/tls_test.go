@@ -18,6 +18,7 @@ import (
 // out in plain TCP: refused, "binlog access denied", a new term each time.)
 // tls=preferred against a server without TLS reads the binlog in plain TCP.
 func TestRelayBinlogOverTLS(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartServer(t, testenv.ServerOptions{TLS: testenv.NewCA(t), RequireSecureTransport: true})
 	for _, tc := range []struct {
 		name  string
@@ -55,7 +56,7 @@ func TestRelayBinlogOverTLS(t *testing.T) {
 				}
 			}
 			var epoch int64
-			if err := db.SQL.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = 'default'").Scan(&epoch); err != nil || epoch != 1 {
+			if err := db.SQL.QueryRowContext(ctx, "SELECT epoch FROM outbox_relay_progress WHERE relay_name = ?", relayNameFor(db.Name)).Scan(&epoch); err != nil || epoch != 1 {
 				t.Fatalf("progress epoch %d (%v): want 1, one leader term without a restart", epoch, err)
 			}
 		})

@@ -27,6 +27,7 @@ import (
 // malformed is published with it as it is, and its handler runs in a new
 // trace. Every message arrives once, in order per key, headers intact.
 func TestRelayCarriesTheTrace(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	inboxQueue := b.DeclareQueue(t, "#")

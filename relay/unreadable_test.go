@@ -104,6 +104,7 @@ func settle(ctx context.Context, t *testing.T, v *validator.Validator) {
 // which waits for the name, delivers, and hands over back to the binlog,
 // without a restart. Every row once, in order per key.
 func TestSchemaChangesUnderLoadAuto(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	ctx := testenv.WorkContext(t)
@@ -138,7 +139,7 @@ func TestSchemaChangesUnderLoadAuto(t *testing.T) {
 	odd.write(ctx, t, db.SQL, "acc_msg_type", 10)
 	m.wait(ctx, t, ModePoll)
 	waitFor(ctx, t, rr, "waiting for the column, in status", func() bool {
-		st := readStatus(ctx, t, db.SQL, "default")
+		st := readStatus(ctx, t, db.SQL, relayNameFor(db.Name))
 		return strings.Contains(st.ModeReason, "poll mode waits for the relay's tables") && strings.Contains(st.ModeReason, `"message_type"`)
 	})
 	if n := v.Received(); v.Missing() != 10 {
@@ -199,6 +200,7 @@ func exitErr(t *testing.T, rr *relayRun, why string) error {
 // the rows and returns to the binlog past them, after which binlog mode
 // goes on.
 func TestSchemaChangeBinlogModeFails(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	ctx := testenv.WorkContext(t)
@@ -229,7 +231,7 @@ func TestSchemaChangeBinlogModeFails(t *testing.T) {
 		}
 	}
 	checkRefusal(first)
-	if st := readStatus(ctx, t, db.SQL, "default"); st.Status != "FAILED" || !strings.Contains(st.LastError, "acc_msg_type") {
+	if st := readStatus(ctx, t, db.SQL, relayNameFor(db.Name)); st.Status != "FAILED" || !strings.Contains(st.LastError, "acc_msg_type") {
 		t.Fatalf("status %s (%s), want FAILED naming the table map", st.Status, st.LastError)
 	}
 	again := runUntilExit(t, cfg)
@@ -263,6 +265,7 @@ func TestSchemaChangeBinlogModeFails(t *testing.T) {
 // TRUNCATE outbox while rows are in flight: the relay goes on, publishes
 // nothing twice, and delivers what is written after.
 func TestTruncateWhileInFlight(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	ctx := testenv.WorkContext(t)
@@ -315,6 +318,7 @@ func statementRows(ctx context.Context, t *testing.T, db *testenv.DB, odd *oddRo
 // relay delivers every one (it polls, then returns to the binlog past
 // them); a binlog relay stops with status FAILED naming binlog_format.
 func TestStatementLoggedRows(t *testing.T) {
+	t.Parallel()
 	t.Run("auto", func(t *testing.T) {
 		db, b := setup(t)
 		v := consume(t, b, b.Queue)
@@ -355,7 +359,7 @@ func TestStatementLoggedRows(t *testing.T) {
 		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "binlog_format") || !strings.Contains(err.Error(), "Config.Mode auto") {
 			t.Fatalf("Run returned %v, want a *ConfigError naming binlog_format and the way out", err)
 		}
-		if st := readStatus(ctx, t, db.SQL, "default"); st.Status != "FAILED" {
+		if st := readStatus(ctx, t, db.SQL, relayNameFor(db.Name)); st.Status != "FAILED" {
 			t.Fatalf("status %s, want FAILED", st.Status)
 		}
 		auto := cfg
@@ -373,6 +377,7 @@ func TestStatementLoggedRows(t *testing.T) {
 // since (logged as statements) are delivered; back to ROW, back to the
 // binlog. Nothing stranded, every row once in order.
 func TestGlobalFormatChangedWhileRunning(t *testing.T) {
+	t.Parallel()
 	srv, db, b := privateSetup(t)
 	v := consume(t, b, b.Queue)
 	ctx := testenv.WorkContext(t)
@@ -437,6 +442,7 @@ func xaPrepare(ctx context.Context, t *testing.T, db *testenv.DB, odd *oddRows, 
 // never published; one prepared then committed is published once, after
 // the commit, also when the relay restarted between the two.
 func TestXATransactions(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []Mode{ModeAuto, ModeBinlog} {
 		t.Run(string(mode), func(t *testing.T) {
 			db, b := setup(t)
@@ -485,6 +491,7 @@ func TestXATransactions(t *testing.T) {
 // column is still renamed away starts and waits, in poll mode, instead of
 // exiting; once the name is back it delivers everything.
 func TestRestartWhileColumnRenamed(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	v := consume(t, b, b.Queue)
 	ctx := testenv.WorkContext(t)
@@ -497,14 +504,14 @@ func TestRestartWhileColumnRenamed(t *testing.T) {
 	exec(ctx, t, db.SQL, "ALTER TABLE outbox CHANGE message_type acc_msg_type VARCHAR(255) NOT NULL")
 	odd.write(ctx, t, db.SQL, "acc_msg_type", 3)
 	waitFor(ctx, t, rr, "waiting for the column", func() bool {
-		return strings.Contains(readStatus(ctx, t, db.SQL, "default").ModeReason, "poll mode waits")
+		return strings.Contains(readStatus(ctx, t, db.SQL, relayNameFor(db.Name)).ModeReason, "poll mode waits")
 	})
 	if err := rr.stop(); err != nil {
 		t.Fatal(err)
 	}
 	again := runRelay(t, cfg, nil)
 	waitFor(ctx, t, again, "waiting for the column after the restart", func() bool {
-		st := readStatus(ctx, t, db.SQL, "default")
+		st := readStatus(ctx, t, db.SQL, relayNameFor(db.Name))
 		return st.Leader != nil && st.Leader.Alive && strings.Contains(st.ModeReason, "poll mode waits") &&
 			strings.Contains(st.ModeReason, "give the column its name back")
 	})

@@ -154,6 +154,7 @@ func writeForeign(ctx context.Context, t *testing.T, db *sql.DB, exchange string
 // holds as their JSON text, null as void, objects and arrays nested);
 // message_type ” leaves type unset.
 func TestWireContractForForeignProducers(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []Mode{ModeBinlog, ModePoll} {
 		t.Run(string(mode), func(t *testing.T) {
 			db, b := setup(t)
@@ -231,6 +232,7 @@ func payloadOf(expr string) []byte {
 // all, MySQL's 100: both headers columns become plain LONGTEXT here (which
 // migrate accepts) to stand in for a MySQL server.
 func TestWireHeaderDepthLimit(t *testing.T) {
+	t.Parallel()
 	db, b := setup(t)
 	ctx := testenv.Context(t, time.Minute)
 	for _, table := range []string{"outbox", "outbox_failed"} {
