@@ -52,12 +52,20 @@ func (c *Config) SetDefaults() {
 	}
 }
 
-// CheckRelayName refuses a relay name longer than the progress table's
-// relay_name column (255 bytes); the error names Config.RelayName, the
-// field of this package's Config and leadership's.
+// MaxRelayName is the longest relay name, in characters: the leader's
+// lock, LockName, must fit the 64 characters MySQL allows a user lock's
+// name (MySQL refuses a longer one with an error; MariaDB takes it, so a
+// longer name would work on one flavor and stop the relay on the other).
+const MaxRelayName = 64 - len(lockPrefix)
+
+// CheckRelayName refuses a relay name longer than MaxRelayName characters
+// (which also keeps it within the progress table's relay_name column); the
+// error names Config.RelayName, the field of this package's Config and
+// leadership's.
 func CheckRelayName(name string) error {
-	if len(name) > 255 {
-		return fmt.Errorf("Config.RelayName is %d bytes long: at most 255", len(name))
+	if n := utf8.RuneCountInString(name); n > MaxRelayName {
+		return fmt.Errorf("Config.RelayName %q is %d characters long: at most %d, as the leader's lock %q must fit the 64 characters MySQL allows a lock name",
+			name, n, MaxRelayName, LockName(name))
 	}
 	return nil
 }
@@ -193,7 +201,9 @@ func EnsureRow(ctx context.Context, db *sql.DB, relayName string) error {
 // LockName is the MySQL user lock (GET_LOCK) that the leader of relayName
 // holds (package leadership); MarkFailed marks a relay without a leader
 // by finding it free.
-func LockName(relayName string) string { return "outbox-relay:" + relayName }
+func LockName(relayName string) string { return lockPrefix + relayName }
+
+const lockPrefix = "outbox-relay:"
 
 // TableLockName is the MySQL user lock (GET_LOCK) that the leader of the
 // relay name publishing outbox table table of database database holds

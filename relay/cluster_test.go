@@ -189,9 +189,6 @@ func startClusterRun(t *testing.T, c *testenv.RabbitCluster, classicNode int, no
 	}
 	rel, _ := startRelayR(t, db, &testenv.Broker{URL: strings.Join(urls, ","), Exchange: r.b.Exchange}, func(cfg *Config) {
 		cfg.Metrics = m
-		// Its own leadership lock on the shared server: the other parallel
-		// tests run under the default relay name meanwhile.
-		cfg.RelayName = "cluster-" + db.Name
 		r.cfg = *cfg
 	})
 	r.relay = rel

@@ -44,7 +44,6 @@ func TestRelayOversizeHeadersGoToFailed(t *testing.T) {
 			startRelay(t, db, b, func(c *Config) {
 				c.Mode = mode
 				c.Metrics = m
-				c.RelayName = "limits-" + db.Name // parallel tests share the server's locks
 				c.AMQPMaxMessageSize = maxPayload
 			})
 			ctx := testenv.Context(t, time.Minute)
@@ -208,7 +207,6 @@ func TestRelayBrokerRefusalsGoToFailed(t *testing.T) {
 			startRelay(t, db, b, func(c *Config) {
 				c.Mode = mode
 				c.Metrics = m
-				c.RelayName = "refusals-" + db.Name
 			})
 			ctx := testenv.Context(t, time.Minute)
 

@@ -193,7 +193,9 @@ func (r *Relay) Close() error { return r.db.Close() }
 // Run relays until ctx ends (then it shuts down cleanly and returns nil) or a
 // fatal error: a *ConfigError for setup problems retrying cannot fix (binlog
 // settings, grants, purged checkpoint, a live leader of another relay name
-// on the same outbox table: leadership.ErrTableLed), another error for a
+// on the same outbox table: leadership.ErrTableLed, a leader of this relay
+// name for another database of the server: leadership.ErrNameTaken),
+// another error for a
 // runtime failure.
 // Transient trouble — database or broker down, leadership lost — is retried
 // with backoff, resuming from the durable checkpoint.
@@ -230,10 +232,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		case errors.Is(err, leadership.ErrHeld):
 			wait = r.standBy(ctx, err, row, &lastLeader)
 			continue
-		case errors.Is(err, leadership.ErrTableLed):
-			// Another relay name leads the table: leading too would
-			// publish every row twice, and waiting would hide the
-			// misconfiguration. The one already leading keeps leading.
+		case errors.Is(err, leadership.ErrTableLed), errors.Is(err, leadership.ErrNameTaken):
+			// Another relay name leads the table (leading too would
+			// publish every row twice), or this name is led for another
+			// database of the server (its lock is the server's): waiting
+			// would hide the misconfiguration. The one already leading
+			// keeps leading.
 			err = &ConfigError{err}
 			r.state.setNotReady(err.Error())
 			r.markFailed(ctx, 0, err)

@@ -352,10 +352,19 @@ func (l *Leader) lock(ctx context.Context, wait time.Duration) error {
 	if ageUS.Valid && age <= s.cfg.LeaderLease {
 		return held
 	}
+	if err := l.holderElsewhere(ctx, holder.Int64); err != nil {
+		return err
+	}
 	// The leader's lease has expired (it cannot publish any more, see
 	// Leader) but its connection still holds the lock: a stopped or hung
 	// process. End that connection; the server then releases the lock.
 	if _, err := l.conn.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", holder.Int64)); err != nil {
+		if isKillDenied(err) {
+			return fmt.Errorf("take over relay %q from %s (heartbeat %v old): connection %d holds its lock %q and belongs to another MySQL user, "+
+				"most likely a relay of the same name for another database of this server (lock names are the server's): "+
+				"give this relay a --relay-name of its own; if it is a hung leader of this database, grant this user CONNECTION_ADMIN (or SUPER) so that a standby can end it: %w",
+				s.cfg.RelayName, leader.String, age.Round(time.Millisecond), holder.Int64, s.lockName(), err)
+		}
 		if !isUnknownThread(err) {
 			return fmt.Errorf("take over relay %q from %s (heartbeat %v old): kill its lock connection %d: %w",
 				s.cfg.RelayName, leader.String, age.Round(time.Millisecond), holder.Int64, err)
@@ -703,6 +712,13 @@ func (l *Leader) beat(stmt *sql.Stmt) error {
 		}
 	}
 	return fmt.Errorf("leadership heartbeat of relay %q: the status changed at every beat", s.cfg.RelayName)
+}
+
+// isKillDenied is KILL's error for another user's connection, without
+// the privilege to end it.
+func isKillDenied(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1095 // ER_KILL_DENIED_ERROR
 }
 
 // isUnknownThread is KILL's error for a connection that is gone already.

@@ -30,7 +30,13 @@ func mustExec(ctx context.Context, t *testing.T, db *sql.DB, q string) {
 // relay's does.
 func leaderDB(ctx context.Context, t *testing.T) *sql.DB {
 	t.Helper()
-	return testenv.MySQL(t).Migrate(ctx, t).Pool(t, mysqlconn.UTC)
+	return pool(ctx, t, testenv.MySQL(t))
+}
+
+// pool migrates db and opens a pool on it that parses times.
+func pool(ctx context.Context, t *testing.T, db *testenv.DB) *sql.DB {
+	t.Helper()
+	return db.Migrate(ctx, t).Pool(t, mysqlconn.UTC)
 }
 
 // A leader whose lock connection ends stops leading at once, not at its
