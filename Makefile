@@ -14,13 +14,10 @@ GO        ?= go
 # for a whole workload (their waits fail when nothing moves for
 # internal/progress.Patience), so the binary's -timeout is only the last
 # guard against a hang, far above what a slow machine needs.
-#
-# Within a package, tests that mostly wait (on a fault, a lease, a broker
-# restart) run side by side: -parallel 4, twice the cores. The relay
-# package's tests on its shared server take relay names of their own
-# (relayNameFor), as leadership and poll locks are the server's.
+# (Within a package, the relay package's tests, which mostly wait, run
+# four at a time: its TestMain says so, testenv.Parallel.)
 TEST_P    ?= 2
-TEST_FLAGS ?= -count=1 -timeout 45m -p $(TEST_P) -parallel 4
+TEST_FLAGS ?= -count=1 -timeout 45m -p $(TEST_P)
 # go test runs packages in the order given: the two longest (relay, about
 # 5 min without the RabbitMQ cluster faults, and cmd/outbox-relay, about
 # 6) start first, side by side, and the short ones fill in after them.
