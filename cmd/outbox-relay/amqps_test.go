@@ -218,6 +218,7 @@ func TestRunAMQPS(t *testing.T) {
 // anything connects, naming the flag or the file and never a password or
 // the file's content.
 func TestCLIAMQPOptionsRefused(t *testing.T) {
+	t.Parallel()
 	bin := relayBinary(t)
 	dir := t.TempDir()
 	pwFile := filepath.Join(dir, "pw")

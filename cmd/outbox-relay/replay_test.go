@@ -279,6 +279,7 @@ func checkReplayedCLI(t *testing.T, got []amqp.Delivery, want []committed, excha
 // broker quote the rest of the list, credentials included, as an unknown
 // vhost).
 func TestReplayClusterURLs(t *testing.T) {
+	t.Parallel()
 	ctx := testenv.WorkContext(t)
 	db := testenv.MySQL(t)
 	b := testenv.RabbitMQ(t)

@@ -14,6 +14,7 @@ import (
 // stream and reported every figure at start, during and at the end, with
 // a slope. Speed and slopes are reported, not asserted.
 func TestBenchSoakShortJSON(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartServer(t, testenv.ServerOptions{})
 	db := srv.CreateDatabase(t)
 	ctx := testenv.WorkContext(t)
