@@ -4,8 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/sqltime"
 )
 
 // DelayedSweeper is the due-time sweep of binlog mode (docs/operations.md, "Delayed messages"). The
@@ -39,20 +42,20 @@ func (s *DelayedSweeper) Close() error {
 	return s.w.ch.Close()
 }
 
-// Pending reports whether any row with available_at set is still pending,
-// due or not: while one is, the relay keeps sweeping.
-func (s *DelayedSweeper) Pending(ctx context.Context) (bool, error) {
+// Earliest returns the earliest available_at among the pending delayed rows,
+// due or not (the zero time when there is none), and the server's UTC clock
+// when it looked: one statement that reads one entry of idx_due. The relay
+// sleeps until the earliest is due, reckoned on the server's clock, which
+// is the one Round compares available_at with.
+func (s *DelayedSweeper) Earliest(ctx context.Context) (earliest, serverNow time.Time, err error) {
 	p := s.w.p
-	var one int
-	err := p.db.QueryRowContext(ctx, "SELECT 1 FROM "+p.q.table+" FORCE INDEX (idx_due)"+
-		" WHERE delivered_at IS NULL AND available_at IS NOT NULL LIMIT 1").Scan(&one)
-	switch {
-	case err == sql.ErrNoRows:
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("look for delayed rows in %s: %w", p.cfg.Table, err)
+	var at, now sqltime.UTC
+	err = p.db.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6), (SELECT available_at FROM "+p.q.table+" FORCE INDEX (idx_due)"+
+		" WHERE delivered_at IS NULL AND available_at IS NOT NULL ORDER BY available_at LIMIT 1)").Scan(&now, &at)
+	if err != nil {
+		return time.Time{}, time.Time{}, fmt.Errorf("look for the earliest delayed row in %s: %w", p.cfg.Table, err)
 	}
-	return true, nil
+	return at.T, now.T, nil
 }
 
 // Round delivers up to Batch due delayed rows and returns how many.

@@ -135,3 +135,42 @@ func TestNotLeadingSweepsNothing(t *testing.T) {
 		t.Fatalf("%d messages arrived from a sweeper that was not leading", got)
 	}
 }
+
+// The due-time sweep's look: the earliest available_at of the pending
+// delayed rows (not of a delivered one, nor of an immediate row), zero when
+// there is none, and the server's UTC clock.
+func TestDelayedSweeperEarliest(t *testing.T) {
+	e := setup(t, checkpoint.Mark)
+	ctx := testenv.Context(t, time.Minute)
+	s, err := e.poller(t, nil).NewDelayedSweeper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	earliest, now, err := s.Earliest(ctx)
+	if err != nil || !earliest.IsZero() {
+		t.Fatalf("Earliest on an empty outbox: %v, %v; want the zero time", earliest, err)
+	}
+	if skew := time.Since(now); skew < -time.Second || skew > time.Second {
+		t.Fatalf("server clock %v is %v off this machine's, whose server it is", now, skew)
+	}
+	for _, q := range []string{
+		// delivered (marked): not pending
+		"UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE, UTC_TIMESTAMP(6)",
+		"UTC_TIMESTAMP(6) + INTERVAL 2 HOUR, NULL",
+		"UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, NULL",
+		"NULL, NULL", // immediate
+	} {
+		if _, err := e.pool.ExecContext(ctx, `INSERT INTO outbox (message_id, partition_key, routing_key, payload, available_at, delivered_at)
+			VALUES (UNHEX(REPLACE(UUID(), '-', '')), 'k', 'r', '{}', `+q+`)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	earliest, now, err = s.Earliest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := earliest.Sub(now); in < 59*time.Minute || in > time.Hour {
+		t.Fatalf("earliest pending delayed row due %v after the server's now, want the one an hour ahead", in)
+	}
+}

@@ -93,9 +93,11 @@ func (p *fakeBinlogPub) confirm(t *testing.T, id uint64) {
 // noDelayed is a due-time sweep that finds no delayed rows.
 type noDelayed struct{}
 
-func (noDelayed) Pending(context.Context) (bool, error) { return false, nil }
-func (noDelayed) Round(context.Context) (int, error)    { return 0, nil }
-func (noDelayed) Close() error                          { return nil }
+func (noDelayed) Earliest(context.Context) (time.Time, time.Time, error) {
+	return time.Time{}, time.Now(), nil
+}
+func (noDelayed) Round(context.Context) (int, error) { return 0, nil }
+func (noDelayed) Close() error                       { return nil }
 
 // binlogRun is a runBinlog under way on fakes.
 type binlogRun struct {

@@ -35,11 +35,15 @@ type pipeline struct {
 	channels []sink
 	// pub is the run's publisher: its connection, which a stop watches,
 	// the sweep before tailing and the due-time sweep.
-	pub      binlogPublisher
-	watch    *troubleWatch
-	delayed  chan struct{} // capacity 1: the stream skipped a delayed row
-	fallback atomic.Value  // string: why binlog mode gave way to polling
-	mode     atomic.Value  // Mode stored with acknowledgements: ModePoll until the handover window closes
+	pub   binlogPublisher
+	watch *troubleWatch
+	due   *dueHint // the stream's delayed rows, for the due-time sweep
+	// positioned is closed once the stream's start is fixed (markPositioned):
+	// the due-time sweep's first look waits for it.
+	positioned   chan struct{}
+	positionOnce sync.Once
+	fallback     atomic.Value // string: why binlog mode gave way to polling
+	mode         atomic.Value // Mode stored with acknowledgements: ModePoll until the handover window closes
 
 	ackMu       sync.Mutex
 	pendingAck  ordering.Batch[position.Position]
@@ -262,7 +266,7 @@ func (r *Relay) newPipeline(leader lease, pub binlogPublisher, cancelRead contex
 		tracker: ordering.New[position.Position](r.cfg.MaxInflightBytes),
 		lanes:   ordering.NewLanes(r.cfg.Lanes),
 		lastAck: time.Now(), cancelRead: cancelRead, stop: make(chan struct{}),
-		delayed: make(chan struct{}, 1),
+		due: newDueHint(), positioned: make(chan struct{}),
 	}
 	p.mode.Store(ModeBinlog)
 	p.watch = &troubleWatch{r: r, ping: r.ping1, stop: func(reason string) {

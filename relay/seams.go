@@ -160,10 +160,11 @@ type binlogPublisher interface {
 type openBinlog func(ctx context.Context, leader lease) (binlogPublisher, error)
 
 // delayedSweeper is binlog mode's due-time sweep (*poller.DelayedSweeper):
-// Pending reports whether delayed rows exist, Round delivers those that are
-// due and returns how many.
+// Earliest returns the earliest available_at of the pending delayed rows
+// (zero when there is none) and the server's UTC clock, Round delivers
+// those that are due and returns how many.
 type delayedSweeper interface {
-	Pending(ctx context.Context) (bool, error)
+	Earliest(ctx context.Context) (earliest, serverNow time.Time, err error)
 	Round(ctx context.Context) (int, error)
 	Close() error
 }

@@ -36,8 +36,11 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost 
 		if from, stopped, err = p.sweepThenWindow(ctx, h); err != nil || stopped {
 			return err
 		}
-	} else if err := r.binlog.CheckPosition(ctx, from); err != nil {
-		return positionError(err)
+	} else {
+		p.markPositioned()
+		if err := r.binlog.CheckPosition(ctx, from); err != nil {
+			return positionError(err)
+		}
 	}
 	r.failover.startTerm(from.Flavor)
 	src, err := r.binlog.Open(func(err error, attempt int) {
@@ -58,6 +61,10 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost 
 	}
 	return r.binlogOnlyError(positionError(err))
 }
+
+// markPositioned says the stream's start is fixed: every transaction that
+// commits from now on is one the stream reads.
+func (p *pipeline) markPositioned() { p.positionOnce.Do(func() { close(p.positioned) }) }
 
 // sweepThenWindow starts a term whose stored position, if any, is older
 // than what was delivered (a first start, the last leader polled, or a
@@ -95,6 +102,7 @@ func (p *pipeline) sweepThenWindow(ctx context.Context, h *handler) (from positi
 	if err != nil {
 		return from, false, fmt.Errorf("read the server's binlog position before the sweep: %w", err)
 	}
+	p.markPositioned()
 	drainer, err := p.pub.Drainer()
 	if err != nil {
 		return from, false, err
@@ -218,10 +226,8 @@ func (h *handler) Row(ctx context.Context, rec *outbox.Record) error {
 		// Delayed (available_at set, due or not): left pending and not
 		// acknowledged here; the due-time sweep delivers it, so the two
 		// never publish the same row. It does not hold back its partition.
-		select {
-		case h.p.delayed <- struct{}{}:
-		default:
-		}
+		// Its due time wakes the sweep if it is the earliest.
+		h.p.due.offer(rec.AvailableAt)
 		return nil
 	}
 	if h.window {

@@ -130,7 +130,13 @@ type dueRow struct {
 	delivered atomic.Bool
 }
 
-func (d *dueRow) Pending(context.Context) (bool, error) { return !d.delivered.Load(), nil }
+func (d *dueRow) Earliest(context.Context) (time.Time, time.Time, error) {
+	now := time.Now()
+	if d.delivered.Load() {
+		return time.Time{}, now, nil
+	}
+	return now, now, nil
+}
 func (d *dueRow) Round(context.Context) (int, error) {
 	if d.delivered.Swap(true) {
 		return 0, nil

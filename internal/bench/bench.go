@@ -142,8 +142,11 @@ type ModeResult struct {
 	CatchUpRepeats     Stat `json:"catch_up_repeats"`
 	CatchUpLiveRepeats Stat `json:"catch_up_live_consumer_repeats"`
 	IdleQueriesPerS    Stat `json:"idle_queries_per_s"`
-	RelayCPUSeconds    Stat `json:"relay_cpu_seconds"`
-	RelayPeakRSSMiB    Stat `json:"relay_peak_rss_mib"`
+	// The same while 500 scheduled messages (available_at an hour ahead)
+	// wait in the outbox.
+	ScheduledQueriesPerS Stat `json:"idle_scheduled_queries_per_s"`
+	RelayCPUSeconds      Stat `json:"relay_cpu_seconds"`
+	RelayPeakRSSMiB      Stat `json:"relay_peak_rss_mib"`
 }
 
 // Result is a whole bench.
@@ -247,7 +250,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			CatchUpRepeats: statOf(s["catch_up_repeats"]), CatchUpLiveRepeats: statOf(s["catch_up_live_repeats"]),
 			BareLatencyP50Ms: statOf(s["bare_p50"]), BareLatencyP99Ms: statOf(s["bare_p99"]),
 			CommitP99Ms: statOf(s["commit_p99"]), CommitMaxMs: statOf(s["commit_max"]),
-			IdleQueriesPerS: statOf(s["idle_qps"]), RelayCPUSeconds: statOf(s["cpu"]), RelayPeakRSSMiB: statOf(s["rss"]),
+			IdleQueriesPerS: statOf(s["idle_qps"]), ScheduledQueriesPerS: statOf(s["scheduled_qps"]), RelayCPUSeconds: statOf(s["cpu"]), RelayPeakRSSMiB: statOf(s["rss"]),
 		}
 	}
 	return res, nil
@@ -366,6 +369,10 @@ func (b *bencher) runOnce(ctx context.Context, mode string, run int) (map[string
 
 	b.progress("%s run %d: idle", mode, run)
 	if out["idle_qps"], err = b.idleQueries(ctx, 6*time.Second); err != nil {
+		return nil, err
+	}
+	b.progress("%s run %d: idle, %d scheduled messages waiting", mode, run, scheduledRows)
+	if out["scheduled_qps"], err = b.scheduledQueries(ctx, 6*time.Second); err != nil {
 		return nil, err
 	}
 	cpu, rss, err := procUsage(relay.cmd.Process.Pid)
@@ -518,13 +525,39 @@ func (b *bencher) paced(ctx context.Context, phase string, send func(i int) erro
 // and the backlog figure it computes after activity are not idle work.
 const idleSettle = 1500 * time.Millisecond
 
+// scheduledRows is how many scheduled messages wait while scheduledQueries
+// counts.
+const scheduledRows = 500
+
+// scheduledQueries is idleQueries while scheduledRows messages due in an
+// hour wait in the outbox (a user's reminders); it deletes them afterwards.
+func (b *bencher) scheduledQueries(ctx context.Context, d time.Duration) (float64, error) {
+	msgs := make([]outbox.Message, scheduledRows)
+	at := time.Now().Add(time.Hour)
+	for i := range msgs {
+		msgs[i] = outbox.Message{PartitionKey: fmt.Sprintf("p%d", i%64), RoutingKey: "scheduled", Payload: []byte("{}"), AvailableAt: at}
+	}
+	if _, err := outbox.Enqueue(ctx, b.db, msgs...); err != nil {
+		return 0, fmt.Errorf("idle with scheduled messages: write them: %w", err)
+	}
+	qps, err := b.idleQueries(ctx, d)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := b.db.ExecContext(ctx, "DELETE FROM outbox WHERE available_at IS NOT NULL"); err != nil {
+		return 0, fmt.Errorf("idle with scheduled messages: delete them: %w", err)
+	}
+	return qps, nil
+}
+
 // idleQueries is the server's statements per second over d while nothing
 // is written, less the two of this measurement. It starts once the relay
-// has acknowledged every row and idleSettle has passed.
+// has acknowledged every row that is due and idleSettle has passed.
 func (b *bencher) idleQueries(ctx context.Context, d time.Duration) (float64, error) {
 	for {
 		var pending int
-		if err := b.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").Scan(&pending); err != nil {
+		if err := b.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL"+
+			" AND (available_at IS NULL OR available_at <= UTC_TIMESTAMP(6))").Scan(&pending); err != nil {
 			return 0, fmt.Errorf("idle: count pending rows: %w", err)
 		}
 		if pending == 0 {

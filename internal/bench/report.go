@@ -62,6 +62,7 @@ func (r *Result) modeTable(w io.Writer, modes []string) {
 	row("catch-up repeated deliveries", "%.0f", func(m ModeResult) Stat { return m.CatchUpRepeats })
 	row("live catch-up repeated deliveries", "%.0f", func(m ModeResult) Stat { return m.CatchUpLiveRepeats })
 	row("idle DB queries/s", "%.2f", func(m ModeResult) Stat { return m.IdleQueriesPerS })
+	row("idle, 500 scheduled waiting, DB queries/s", "%.2f", func(m ModeResult) Stat { return m.ScheduledQueriesPerS })
 	row("relay CPU (s)", "%.1f", func(m ModeResult) Stat { return m.RelayCPUSeconds })
 	row("relay peak RSS (MiB)", "%.0f", func(m ModeResult) Stat { return m.RelayPeakRSSMiB })
 	tw.Flush()

@@ -43,6 +43,7 @@ type Validator struct {
 	expected    map[outbox.MessageID]*Expected
 	order       map[string][]outbox.MessageID // per partition, commit order
 	deliveries  []amqp.Delivery
+	arrived     []time.Time    // when each of deliveries arrived
 	counts      map[string]int // by message-id text
 	firstByPart map[string][]string
 }
@@ -77,6 +78,7 @@ func (v *Validator) Observe(d amqp.Delivery) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.deliveries = append(v.deliveries, d)
+	v.arrived = append(v.arrived, time.Now())
 	v.counts[d.MessageId]++
 	if v.counts[d.MessageId] == 1 {
 		pk, _ := d.Headers["x-partition-key"].(string)
@@ -90,6 +92,14 @@ func (v *Validator) Deliveries() []amqp.Delivery {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return slices.Clone(v.deliveries)
+}
+
+// Arrivals returns when each delivery of Deliveries arrived, in the same
+// order.
+func (v *Validator) Arrivals() []time.Time {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.arrived)
 }
 
 // Missing is how many expected messages have not arrived yet.
