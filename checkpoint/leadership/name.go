@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 )
@@ -48,7 +49,9 @@ func (l *Leader) holderElsewhere(ctx context.Context, holder int64) error {
 	if err != nil {
 		return fmt.Errorf("look up connection %d, which holds the lock of relay %q: %w", holder, l.el.cfg.RelayName, err)
 	}
-	if !theirs.Valid || theirs.String == ours.String {
+	// Names compare without case: with lower_case_table_names the server
+	// may show one database as two spellings.
+	if !theirs.Valid || strings.EqualFold(theirs.String, ours.String) {
 		return nil
 	}
 	return &NameTakenError{RelayName: l.el.cfg.RelayName, Database: ours.String, Other: theirs.String, Conn: holder}
