@@ -69,6 +69,10 @@ func TestDelayedRowsWaitWithoutStatements(t *testing.T) {
 		t.Fatalf("relay: %v", err)
 	}
 	startRelay(t, db, b, defaults)
+	// A busy machine may restart the relay past the first due times: those
+	// rows are measured from the moment it tails again, not from before it
+	// ran. Early is early either way.
+	restarted := time.Now()
 	if err := v.WaitComplete(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +83,14 @@ func TestDelayedRowsWaitWithoutStatements(t *testing.T) {
 	const bound = DefaultPollInterval + time.Second
 	for i, d := range v.Deliveries() {
 		at := due[d.MessageId]
-		if late := arrived[i].Sub(at); late < 0 || late > bound {
-			t.Errorf("message %s due at %s arrived %v after it, want within [0, %v]", d.MessageId, at.Format(time.StampMilli), late, bound)
+		late := arrived[i].Sub(at)
+		from := at
+		if restarted.After(at) {
+			from = restarted
+		}
+		if late < 0 || arrived[i].Sub(from) > bound {
+			t.Errorf("message %s due at %s arrived %v after it (the relay tailed again %v after it), want within [0, %v]",
+				d.MessageId, at.Format(time.StampMilli), late, restarted.Sub(at).Round(time.Millisecond), bound)
 		}
 	}
 	waitRows(ctx, t, db, "SELECT COUNT(*) FROM outbox", 0)
