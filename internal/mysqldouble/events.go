@@ -283,7 +283,9 @@ func (e *Encoder) Payload(inner ...[]byte) ([]byte, error) {
 type Inner struct{ e Encoder }
 
 // NewInner returns an encoder of payload events.
-func NewInner(serverID uint32) *Inner { return &Inner{e: Encoder{ServerID: serverID, Time: time.Unix(1700000000, 0)}} }
+func NewInner(serverID uint32) *Inner {
+	return &Inner{e: Encoder{ServerID: serverID, Time: time.Unix(1700000000, 0)}}
+}
 
 func (in *Inner) event(tp replication.EventType, body []byte) []byte {
 	return in.e.frame(tp, 0, body, false)
