@@ -61,6 +61,8 @@ func argString(v any) string {
 		return string(x)
 	case string:
 		return x
+	case mysql.TypedBytes:
+		return string(x.Bytes)
 	}
 	return fmt.Sprint(v)
 }

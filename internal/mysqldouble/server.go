@@ -2,6 +2,9 @@ package mysqldouble
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -35,9 +38,10 @@ var (
 // Config is a Server's identity and account.
 type Config struct {
 	Version        Version
-	User, Password string    // the one account (mysql_native_password)
-	ServerUUID     uuid.UUID // @@server_uuid: the SID of its GTIDs
-	ServerID       uint32    // @@server_id
+	User, Password string      // the one account (caching_sha2_password)
+	TLS            *tls.Config // offered to clients when set
+	ServerUUID     uuid.UUID   // @@server_uuid: the SID of its GTIDs
+	ServerID       uint32      // @@server_id
 	// Grants are SHOW GRANTS' lines; nil: REPLICATION SLAVE and
 	// REPLICATION CLIENT on *.*, as docs/operations.md tells users to grant.
 	Grants []string
@@ -103,11 +107,19 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql double: listen: %w", err)
 	}
+	// MySQL 8.4's default authentication; without TLS the client fetches
+	// the server's RSA key for the full authentication (1024 bits: a test
+	// key, made fast).
+	key, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("mysql double: RSA key: %w", err)
+	}
 	empty := mysql.NewMysqlGTIDSet()
 	purged := mysql.NewMysqlGTIDSet()
 	s := &Server{
 		cfg: cfg, ln: ln,
-		srv:      server.NewServer(cfg.Version.Name, mysql.DEFAULT_COLLATION_ID, mysql.AUTH_NATIVE_PASSWORD, nil, nil),
+		srv:      server.NewServer(cfg.Version.Name, mysql.DEFAULT_COLLATION_ID, mysql.AUTH_CACHING_SHA2_PASSWORD, key, cfg.TLS),
 		executed: &empty, purged: &purged,
 		override: map[string]*mysql.Result{}, errs: map[string]error{},
 		changed: make(chan struct{}), conns: map[net.Conn]struct{}{},
