@@ -299,4 +299,3 @@ func TestMySQLDoubleStatements(t *testing.T) {
 		})
 	}
 }
-
