@@ -299,3 +299,62 @@ func TestMySQLDoubleStatements(t *testing.T) {
 		})
 	}
 }
+
+// TestMySQLDoubleFileMode: a MySQL with gtid_mode=OFF writes anonymous
+// GTIDs; the current position is a file and offset (8.4: SHOW BINARY LOG
+// STATUS; 8.0: SHOW MASTER STATUS), the snapshot position too
+// (performance_schema.log_status), and the tailer streams by file offset
+// from there, each transaction committed once with a file position.
+func TestMySQLDoubleFileMode(t *testing.T) {
+	for _, v := range []mysqldouble.Version{mysqldouble.MySQL80, mysqldouble.MySQL84} {
+		t.Run(v.Name, func(t *testing.T) {
+			t.Parallel()
+			srv, err := mysqldouble.Start(mysqldouble.Config{Version: v, User: "relay", Password: "secret",
+				ServerUUID: doubleUUID, ServerID: 1, GTIDModeOff: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = srv.Close() })
+			commit(t, srv, mysqldouble.Txn{Table: outboxTable, Rows: outboxRows(1, 1)})
+			db := doubleDB(t, srv)
+			ctx := testenv.WorkContext(t)
+			tl, err := New(doubleConfig(t, srv))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A dump by GTID set is refused: a gtid_mode problem, not a purge.
+			var pe *PreflightError
+			if err := tl.Run(ctx, position.Position{Flavor: FlavorMySQL}, &collector{}); !errors.As(err, &pe) || pe.Check != CheckGTIDMode {
+				t.Fatalf("GTID dump on gtid_mode=OFF: %v", err)
+			}
+			from, err := CurrentPosition(ctx, db)
+			if err != nil || from.GTIDSet != "" || from.File != "binlog.000001" || from.Pos == 0 {
+				t.Fatalf("current position %+v %v", from, err)
+			}
+			if snap, err := SnapshotPosition(ctx, db); err != nil || snap != from {
+				t.Fatalf("snapshot position %+v %v, want %+v", snap, err, from)
+			}
+			if err := CheckPosition(ctx, db, from); err != nil {
+				t.Fatalf("check position: %v", err)
+			}
+			commit(t, srv, mysqldouble.Txn{Table: outboxTable, Rows: outboxRows(2, 2), Compressed: true})
+			srv.Rotate()
+			commit(t, srv, mysqldouble.Txn{Table: outboxTable, Rows: outboxRows(4, 1)})
+			end, err := CurrentPosition(ctx, db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &collector{}
+			r := startRun(t, tl, from, c)
+			waitMySQL(t, r, c, end)
+			if err := r.stop(); err != nil {
+				t.Fatal(err)
+			}
+			recs, txns := c.snapshot()
+			checkMySQLRecords(t, recs, 2, 4)
+			if len(txns) != 2 || txns[1].pos != end || txns[0].pos.File != "binlog.000001" {
+				t.Fatalf("commits %+v, want the last at %+v", txns, end)
+			}
+		})
+	}
+}

@@ -129,6 +129,9 @@ func (h *session) answer(q string) ([]string, [][]any, error) {
 	case "SELECT @@GLOBAL.GTID_PURGED":
 		return one("@@GLOBAL.gtid_purged", s.purged.String())
 	case "SELECT @@GLOBAL.GTID_MODE":
+		if s.cfg.GTIDModeOff {
+			return one("@@GLOBAL.gtid_mode", "OFF")
+		}
 		return one("@@GLOBAL.gtid_mode", "ON")
 	case "SELECT @@GLOBAL.REQUIRE_SECURE_TRANSPORT":
 		return one("@@GLOBAL.require_secure_transport", int64(0))
@@ -192,9 +195,23 @@ func (h *session) answer(q string) ([]string, [][]any, error) {
 // HandleRegisterSlave accepts every registration.
 func (h *session) HandleRegisterSlave([]byte) error { return nil }
 
-// HandleBinlogDump: the double serves GTID dumps only.
-func (h *session) HandleBinlogDump(mysql.Position) (*replication.BinlogStreamer, error) {
-	return nil, mysql.NewError(mysql.ER_MASTER_FATAL_ERROR_READING_BINLOG, "the MySQL double serves COM_BINLOG_DUMP_GTID only")
+// HandleBinlogDump streams the binlog from a file and offset.
+func (h *session) HandleBinlogDump(pos mysql.Position) (*replication.BinlogStreamer, error) {
+	s := h.s
+	s.mu.Lock()
+	if pos.Name == "" {
+		pos.Name, pos.Pos = s.files[0].name, 4
+	}
+	start, err := s.startAt(pos.Name, pos.Pos)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	st := replication.NewBinlogStreamer()
+	go s.stream(h.ctx, st, start, nil, h.heartbeat)
+	return st, nil
 }
 
 // HandleBinlogDumpGTID streams the binlog after have. A set holding
@@ -202,6 +219,11 @@ func (h *session) HandleBinlogDump(mysql.Position) (*replication.BinlogStreamer,
 func (h *session) HandleBinlogDumpGTID(have *mysql.MysqlGTIDSet) (*replication.BinlogStreamer, error) {
 	s := h.s
 	s.mu.Lock()
+	if s.cfg.GTIDModeOff {
+		s.mu.Unlock()
+		return nil, mysql.NewError(mysql.ER_MASTER_FATAL_ERROR_READING_BINLOG,
+			"The replication sender thread cannot start in AUTO_POSITION mode: this server has GTID_MODE = OFF instead of ON.")
+	}
 	if !have.Contain(s.purged) {
 		s.mu.Unlock()
 		return nil, mysql.NewError(mysql.ER_MASTER_FATAL_ERROR_READING_BINLOG,
@@ -210,6 +232,6 @@ func (h *session) HandleBinlogDumpGTID(have *mysql.MysqlGTIDSet) (*replication.B
 	s.wg.Add(1)
 	s.mu.Unlock()
 	st := replication.NewBinlogStreamer()
-	go s.stream(h.ctx, st, have, h.heartbeat)
+	go s.stream(h.ctx, st, dumpStart{}, have, h.heartbeat)
 	return st, nil
 }

@@ -42,6 +42,9 @@ type Config struct {
 	TLS            *tls.Config // offered to clients when set
 	ServerUUID     uuid.UUID   // @@server_uuid: the SID of its GTIDs
 	ServerID       uint32      // @@server_id
+	// GTIDModeOff is gtid_mode=OFF: every transaction is anonymous, and
+	// replicas dump by file and offset (COM_BINLOG_DUMP).
+	GTIDModeOff bool
 	// Grants are SHOW GRANTS' lines; nil: REPLICATION SLAVE and
 	// REPLICATION CLIENT on *.*, as docs/operations.md tells users to grant.
 	Grants []string
@@ -253,7 +256,7 @@ func (s *Server) Commit(txn Txn) (string, error) {
 	defer s.mu.Unlock()
 	var key *gtidKey
 	g := GTID{CommitTime: time.Unix(1700000000, 0), ServerVersion: s.cfg.Version.Number}
-	if !txn.Anonymous {
+	if !txn.Anonymous && !s.cfg.GTIDModeOff {
 		tag := mysql.NewTag(txn.Tag)
 		gno := int64(1)
 		if ivs := (*s.executed)[s.cfg.ServerUUID][tag]; len(ivs) > 0 {
@@ -438,10 +441,37 @@ func heartbeatPeriod(q string) (time.Duration, bool) {
 	return time.Duration(n), true
 }
 
-// stream sends the binlog from the first file on, skipping the
-// transactions in have, then waits for more, sending heartbeats every
-// period, until ctx ends (the connection closed).
-func (s *Server) stream(ctx context.Context, st *replication.BinlogStreamer, have *mysql.MysqlGTIDSet, period time.Duration) {
+// dumpStart is where a dump starts: a file and the index of its first
+// event to send (a FORMAT_DESCRIPTION is always sent first).
+type dumpStart struct {
+	file, event int
+}
+
+// startAt finds the event at offset pos of the named file.
+func (s *Server) startAt(name string, pos uint32) (dumpStart, error) {
+	for i, f := range s.files {
+		if f.name != name {
+			continue
+		}
+		off := uint32(4)
+		for j, ev := range f.events {
+			if off == pos {
+				return dumpStart{i, j}, nil
+			}
+			off += uint32(len(ev.raw))
+		}
+		if off == pos {
+			return dumpStart{i, len(f.events)}, nil
+		}
+	}
+	return dumpStart{}, mysql.NewError(mysql.ER_MASTER_FATAL_ERROR_READING_BINLOG,
+		fmt.Sprintf("Could not find first log file name in binary log index file (%s:%d)", name, pos))
+}
+
+// stream sends the binlog from start on, skipping the transactions in
+// have (nil: none), then waits for more, sending heartbeats every period,
+// until ctx ends (the connection closed).
+func (s *Server) stream(ctx context.Context, st *replication.BinlogStreamer, start dumpStart, have *mysql.MysqlGTIDSet, period time.Duration) {
 	defer s.wg.Done()
 	send := func(raw []byte) bool {
 		select {
@@ -452,12 +482,17 @@ func (s *Server) stream(ctx context.Context, st *replication.BinlogStreamer, hav
 		return st.AddEventToStreamer(&replication.BinlogEvent{RawData: raw}) == nil
 	}
 	s.mu.Lock()
-	first := s.files[0].name
+	f := s.files[start.file]
+	pos := uint64(4)
+	for _, ev := range f.events[:start.event] {
+		pos += uint64(len(ev.raw))
+	}
+	fde := f.events[0].raw
 	s.mu.Unlock()
-	if !send(FakeRotate(s.cfg.ServerID, first, 4)) {
+	if !send(FakeRotate(s.cfg.ServerID, f.name, pos)) || start.event > 0 && !send(fde) {
 		return
 	}
-	fileIdx, evIdx, skipping := 0, 0, false
+	fileIdx, evIdx, skipping := start.file, start.event, false
 	for {
 		s.mu.Lock()
 		var batch [][]byte
@@ -466,7 +501,7 @@ func (s *Server) stream(ctx context.Context, st *replication.BinlogStreamer, hav
 			for ; evIdx < len(f.events); evIdx++ {
 				ev := f.events[evIdx]
 				if ev.gtid != nil {
-					skipping = have.Contain(single(*ev.gtid))
+					skipping = have != nil && have.Contain(single(*ev.gtid))
 				} else if ev.raw[4] == byte(replication.ANONYMOUS_GTID_EVENT) {
 					skipping = false
 				}
