@@ -88,7 +88,7 @@ type Server struct {
 	override map[string]*mysql.Result // query answers a test set
 	errs     map[string]error         // query errors a test set
 	changed  chan struct{}            // closed at each append
-	conns    map[net.Conn]struct{}
+	conns    map[net.Conn]uint32 // each client connection and its id (0 before the handshake)
 	xid      uint64
 	closed   bool
 
@@ -125,7 +125,7 @@ func Start(cfg Config) (*Server, error) {
 		srv:      server.NewServer(cfg.Version.Name, mysql.DEFAULT_COLLATION_ID, mysql.AUTH_CACHING_SHA2_PASSWORD, key, cfg.TLS),
 		executed: &empty, purged: &purged,
 		override: map[string]*mysql.Result{}, errs: map[string]error{},
-		changed: make(chan struct{}), conns: map[net.Conn]struct{}{},
+		changed: make(chan struct{}), conns: map[net.Conn]uint32{},
 	}
 	s.newFile()
 	s.wg.Add(1)
@@ -153,6 +153,20 @@ func (s *Server) Close() error {
 	return err
 }
 
+// kill closes the connection of id (KILL id), as go-mysql's syncer asks
+// when it closes.
+func (s *Server) kill(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c, cid := range s.conns {
+		if strconv.FormatUint(uint64(cid), 10) == id {
+			_ = c.Close()
+			return nil
+		}
+	}
+	return mysql.NewError(mysql.ER_NO_SUCH_THREAD, "Unknown thread id: "+id)
+}
+
 // DropConnections closes every client connection (a server restart or a
 // network cut, as the relay sees it); the binlog stays.
 func (s *Server) DropConnections() {
@@ -176,7 +190,7 @@ func (s *Server) accept() {
 			_ = c.Close()
 			return
 		}
-		s.conns[c] = struct{}{}
+		s.conns[c] = 0
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go s.serve(c)
@@ -199,6 +213,9 @@ func (s *Server) serve(c net.Conn) {
 	if err != nil {
 		return
 	}
+	s.mu.Lock()
+	s.conns[c] = conn.ConnectionID()
+	s.mu.Unlock()
 	for !conn.Closed() {
 		if err := conn.HandleCommand(); err != nil {
 			return
