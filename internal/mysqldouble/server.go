@@ -88,7 +88,7 @@ type Server struct {
 	override map[string]*mysql.Result // query answers a test set
 	errs     map[string]error         // query errors a test set
 	changed  chan struct{}            // closed at each append
-	conns    map[net.Conn]uint32 // each client connection and its id (0 before the handshake)
+	conns    map[net.Conn]*clientConn
 	xid      uint64
 	closed   bool
 
@@ -125,12 +125,25 @@ func Start(cfg Config) (*Server, error) {
 		srv:      server.NewServer(cfg.Version.Name, mysql.DEFAULT_COLLATION_ID, mysql.AUTH_CACHING_SHA2_PASSWORD, key, cfg.TLS),
 		executed: &empty, purged: &purged,
 		override: map[string]*mysql.Result{}, errs: map[string]error{},
-		changed: make(chan struct{}), conns: map[net.Conn]uint32{},
+		changed: make(chan struct{}), conns: map[net.Conn]*clientConn{},
 	}
 	s.newFile()
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
+}
+
+// clientConn is a client connection's id (0 before the handshake) and
+// the cancel of its context, which ends its dump.
+type clientConn struct {
+	id     uint32
+	cancel context.CancelFunc
+}
+
+// drop closes c and ends its dump. s.mu held.
+func (s *Server) drop(c net.Conn) {
+	_ = c.Close()
+	s.conns[c].cancel()
 }
 
 // Addr is host:port.
@@ -145,7 +158,7 @@ func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	for c := range s.conns {
-		_ = c.Close()
+		s.drop(c)
 	}
 	s.mu.Unlock()
 	err := s.ln.Close()
@@ -158,9 +171,9 @@ func (s *Server) Close() error {
 func (s *Server) kill(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for c, cid := range s.conns {
-		if strconv.FormatUint(uint64(cid), 10) == id {
-			_ = c.Close()
+	for c, cc := range s.conns {
+		if strconv.FormatUint(uint64(cc.id), 10) == id {
+			s.drop(c)
 			return nil
 		}
 	}
@@ -173,7 +186,7 @@ func (s *Server) DropConnections() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
-		_ = c.Close()
+		s.drop(c)
 	}
 }
 
@@ -190,21 +203,20 @@ func (s *Server) accept() {
 			_ = c.Close()
 			return
 		}
-		s.conns[c] = 0
+		ctx, cancel := context.WithCancel(context.Background())
+		s.conns[c] = &clientConn{cancel: cancel}
 		s.wg.Add(1)
 		s.mu.Unlock()
-		go s.serve(c)
+		go s.serve(ctx, c)
 	}
 }
 
-// serve runs one client connection until it closes.
-func (s *Server) serve(c net.Conn) {
+// serve runs one client connection until it closes or ctx ends.
+func (s *Server) serve(ctx context.Context, c net.Conn) {
 	defer s.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
 	defer func() {
-		cancel()
-		_ = c.Close()
 		s.mu.Lock()
+		s.drop(c)
 		delete(s.conns, c)
 		s.mu.Unlock()
 	}()
@@ -214,7 +226,7 @@ func (s *Server) serve(c net.Conn) {
 		return
 	}
 	s.mu.Lock()
-	s.conns[c] = conn.ConnectionID()
+	s.conns[c].id = conn.ConnectionID()
 	s.mu.Unlock()
 	for !conn.Closed() {
 		if err := conn.HandleCommand(); err != nil {
@@ -490,6 +502,9 @@ func (s *Server) startAt(name string, pos uint32) (dumpStart, error) {
 // until ctx ends (the connection closed).
 func (s *Server) stream(ctx context.Context, st *replication.BinlogStreamer, start dumpStart, have *mysql.MysqlGTIDSet, period time.Duration) {
 	defer s.wg.Done()
+	// Every return ends the connection's writeBinlogEvents, which waits
+	// for the next event otherwise.
+	defer st.AddErrorToStreamer(errors.New("dump ended"))
 	send := func(raw []byte) bool {
 		select {
 		case <-ctx.Done():
@@ -554,7 +569,6 @@ func (s *Server) stream(ctx context.Context, st *replication.BinlogStreamer, sta
 		select {
 		case <-ctx.Done():
 			stop()
-			st.AddErrorToStreamer(errors.New("connection closed"))
 			return
 		case <-changed:
 			stop()
