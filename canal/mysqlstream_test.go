@@ -48,8 +48,14 @@ func doubleConfig(t testing.TB, srv *mysqldouble.Server) Config {
 
 func doubleDB(t testing.TB, srv *mysqldouble.Server) *sql.DB {
 	t.Helper()
+	return doubleDBAs(t, srv, "relay", "secret")
+}
+
+// doubleDBAs is a pool on srv logging in as user.
+func doubleDBAs(t testing.TB, srv *mysqldouble.Server, user, password string) *sql.DB {
+	t.Helper()
 	cfg := driver.NewConfig()
-	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr = "relay", "secret", "tcp", srv.Addr()
+	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr = user, password, "tcp", srv.Addr()
 	c, err := driver.NewConnector(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -141,6 +141,16 @@ func (h *session) answer(q string) ([]string, [][]any, error) {
 	defer s.mu.Unlock()
 	v := s.cfg.Version
 	one := func(col string, val any) ([]string, [][]any, error) { return []string{col}, [][]any{{val}}, nil }
+	global := func(name, def string) string {
+		if x, ok := s.cfg.Variables[name]; ok {
+			return x
+		}
+		return def
+	}
+	gtidMode := "ON"
+	if s.cfg.GTIDModeOff {
+		gtidMode = "OFF"
+	}
 	switch q {
 	case "SELECT 1":
 		return one("1", int64(1))
@@ -151,20 +161,17 @@ func (h *session) answer(q string) ([]string, [][]any, error) {
 	case "SELECT @@GLOBAL.GTID_PURGED":
 		return one("@@GLOBAL.gtid_purged", s.purged.String())
 	case "SELECT @@GLOBAL.GTID_MODE":
-		if s.cfg.GTIDModeOff {
-			return one("@@GLOBAL.gtid_mode", "OFF")
-		}
-		return one("@@GLOBAL.gtid_mode", "ON")
+		return one("@@GLOBAL.gtid_mode", global("gtid_mode", gtidMode))
 	case "SELECT @@GLOBAL.REQUIRE_SECURE_TRANSPORT":
 		return one("@@GLOBAL.require_secure_transport", int64(0))
 	case "SELECT @@GLOBAL.BINLOG_ROW_METADATA":
-		return one("@@GLOBAL.binlog_row_metadata", "FULL")
+		return one("@@GLOBAL.binlog_row_metadata", global("binlog_row_metadata", "FULL"))
 	case "SELECT @@GLOBAL.LOG_BIN, @@GLOBAL.BINLOG_FORMAT, @@GLOBAL.BINLOG_ROW_IMAGE, @@GLOBAL.SERVER_ID":
 		return []string{"@@GLOBAL.log_bin", "@@GLOBAL.binlog_format", "@@GLOBAL.binlog_row_image", "@@GLOBAL.server_id"},
-			[][]any{{int64(1), "ROW", "FULL", int64(s.cfg.ServerID)}}, nil
+			[][]any{{global("log_bin", "1"), global("binlog_format", "ROW"), global("binlog_row_image", "FULL"), int64(s.cfg.ServerID)}}, nil
 	case "SELECT @@GLOBAL.BINLOG_FORMAT, @@GLOBAL.BINLOG_ROW_IMAGE, @@GLOBAL.BINLOG_ROW_METADATA":
 		return []string{"@@GLOBAL.binlog_format", "@@GLOBAL.binlog_row_image", "@@GLOBAL.binlog_row_metadata"},
-			[][]any{{"ROW", "FULL", "FULL"}}, nil
+			[][]any{{global("binlog_format", "ROW"), global("binlog_row_image", "FULL"), global("binlog_row_metadata", "FULL")}}, nil
 	case "SELECT CURRENT_USER()":
 		return one("CURRENT_USER()", s.cfg.User+"@%")
 	case "SHOW GRANTS":

@@ -42,6 +42,11 @@ type Config struct {
 	TLS            *tls.Config // offered to clients when set
 	ServerUUID     uuid.UUID   // @@server_uuid: the SID of its GTIDs
 	ServerID       uint32      // @@server_id
+	// Variables override the global variables the double answers (names
+	// as in @@GLOBAL.name: log_bin, binlog_format, binlog_row_image,
+	// binlog_row_metadata, gtid_mode); unset ones answer what the relay
+	// wants (1, ROW, FULL, FULL, ON).
+	Variables map[string]string
 	// GTIDModeOff is gtid_mode=OFF: every transaction is anonymous, and
 	// replicas dump by file and offset (COM_BINLOG_DUMP).
 	GTIDModeOff bool
