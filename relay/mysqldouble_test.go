@@ -83,18 +83,10 @@ func runOnDouble(t *testing.T, srv *mysqldouble.Server, store *fakeStore) *mysql
 	b.r.failover.server = dbServer{db: db, addr: srv.Addr}
 	b.r.binlog = canalBinlog{r: b.r}
 	b.r.readSettings = func(ctx context.Context) (canal.Settings, error) { return canal.ReadSettings(ctx, db) }
-	b.r.openBinlog = func(context.Context, lease) (binlogPublisher, error) { return b.pub, nil }
 	if err := b.r.binlog.Preflight(context.Background()); err != nil {
 		t.Fatalf("preflight on MySQL 8.4: %v", err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	t.Cleanup(stop)
-	b.stop = stop
-	go func() {
-		next, err := b.r.runBinlog(ctx, b.lease)
-		b.next <- next
-		b.err <- err
-	}()
+	b.launch(t)
 	return &mysqlRun{binlogRun: b, srv: srv}
 }
 

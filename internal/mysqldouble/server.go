@@ -403,27 +403,21 @@ func (s *Server) Executed() string {
 }
 
 // SetExecuted replaces @@gtid_executed (a failed-over server that lacks
-// transactions, or a purge: SetPurged).
-func (s *Server) SetExecuted(set string) error {
-	parsed, err := mysql.ParseMysqlGTIDSet(set)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.executed = parsed.(*mysql.MysqlGTIDSet)
-	return nil
-}
+// transactions).
+func (s *Server) SetExecuted(set string) error { return s.setGTIDs(&s.executed, set) }
 
 // SetPurged sets @@gtid_purged.
-func (s *Server) SetPurged(set string) error {
+func (s *Server) SetPurged(set string) error { return s.setGTIDs(&s.purged, set) }
+
+// setGTIDs parses set and stores it in *dst under s.mu.
+func (s *Server) setGTIDs(dst **mysql.MysqlGTIDSet, set string) error {
 	parsed, err := mysql.ParseMysqlGTIDSet(set)
 	if err != nil {
-		return err
+		return fmt.Errorf("mysql double: GTID set %q: %w", set, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.purged = parsed.(*mysql.MysqlGTIDSet)
+	*dst = parsed.(*mysql.MysqlGTIDSet)
 	return nil
 }
 
