@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,16 +102,6 @@ func (h *session) HandleOtherCommand(cmd byte, _ []byte) error {
 func (h *session) HandleQuery(query string) (*mysql.Result, error) {
 	q := normalize(query)
 	s := h.s
-	s.mu.Lock()
-	if err, ok := s.errs[q]; ok {
-		s.mu.Unlock()
-		return nil, err
-	}
-	if r, ok := s.override[q]; ok {
-		s.mu.Unlock()
-		return r, nil
-	}
-	s.mu.Unlock()
 	if strings.HasPrefix(q, "SET ") || q == "START TRANSACTION WITH CONSISTENT SNAPSHOT" || q == "ROLLBACK" || q == "COMMIT" {
 		if d, ok := heartbeatPeriod(q); ok {
 			h.heartbeat = d
@@ -263,4 +254,32 @@ func (h *session) HandleBinlogDumpGTID(have *mysql.MysqlGTIDSet) (*replication.B
 	st := replication.NewBinlogStreamer()
 	go s.stream(h.ctx, st, dumpStart{}, have, h.heartbeat)
 	return st, nil
+}
+
+func normalize(q string) string {
+	return strings.ToUpper(strings.Join(strings.Fields(strings.TrimSuffix(strings.TrimSpace(q), ";")), " "))
+}
+
+// errParse is MySQL's answer to a statement it does not know.
+func errParse(q string) error {
+	return mysql.NewError(mysql.ER_PARSE_ERROR, fmt.Sprintf(
+		"You have an error in your SQL syntax; check the manual that corresponds to your MySQL server version for the right syntax to use near '%s' at line 1", q))
+}
+
+// heartbeatPeriod parses SET @master_heartbeat_period = N (nanoseconds).
+func heartbeatPeriod(q string) (time.Duration, bool) {
+	const key = "@MASTER_HEARTBEAT_PERIOD ="
+	i := strings.Index(q, key)
+	if i < 0 {
+		return 0, false
+	}
+	rest := strings.TrimSpace(q[i+len(key):])
+	if j := strings.IndexAny(rest, ", "); j >= 0 {
+		rest = rest[:j]
+	}
+	n, err := strconv.ParseInt(rest, 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(n), true
 }
