@@ -16,6 +16,7 @@ const (
 	CheckReplSlave   = "REPLICATION SLAVE"
 	CheckReplClient  = "REPLICATION CLIENT"
 	CheckServerID    = "server_id"
+	CheckGTIDMode    = "gtid_mode"
 )
 
 // PreflightError is a server setting or grant that makes binlog mode

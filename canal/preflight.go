@@ -43,8 +43,8 @@ func ExecutedGTIDs(ctx context.Context, db *sql.DB, flavor string) (string, erro
 
 // CurrentPosition is the server's position now: @@gtid_binlog_pos on MariaDB
 // (always GTID), @@gtid_executed on MySQL with gtid_mode ON, else the file
-// and offset of SHOW BINARY LOG STATUS (SHOW MASTER STATUS before MySQL
-// 8.0.22). An empty GTID position (no transaction binlogged yet) is returned
+// and offset of SHOW BINARY LOG STATUS (MySQL 8.2+; 8.4 removed SHOW MASTER
+// STATUS, which older servers answer instead). An empty GTID position (no transaction binlogged yet) is returned
 // as the zero position.Position of its flavor, which Run streams from the start.
 func CurrentPosition(ctx context.Context, db *sql.DB) (position.Position, error) {
 	flavor, err := DetectFlavor(ctx, db)
@@ -75,10 +75,10 @@ func CurrentPosition(ctx context.Context, db *sql.DB) (position.Position, error)
 		rows, err = queryMaps(ctx, db, "SHOW MASTER STATUS")
 	}
 	if err != nil {
-		return position.Position{}, fmt.Errorf("read the binlog position (SHOW MASTER STATUS): %w", err)
+		return position.Position{}, fmt.Errorf("read the binlog position (SHOW BINARY LOG STATUS, SHOW MASTER STATUS): %w", err)
 	}
 	if len(rows) == 0 {
-		return position.Position{}, errors.New("read the binlog position: SHOW MASTER STATUS is empty (log_bin is OFF)")
+		return position.Position{}, errors.New("read the binlog position: SHOW BINARY LOG STATUS is empty (log_bin is OFF)")
 	}
 	p.File = rows[0]["file"]
 	pos, err := strconv.ParseUint(rows[0]["position"], 10, 32)

@@ -314,6 +314,15 @@ func (t *Tailer) fatal(ctx context.Context, err error, s *session) error {
 					Fix:     "give this relay a Config.ServerID no other replica or binlog client of the server uses",
 				})
 			}
+			if strings.Contains(strings.ToUpper(me.Message), "GTID_MODE = OFF") {
+				// MySQL with gtid_mode OFF refuses a dump by GTID set: not a purge.
+				return fmt.Errorf("canal: %w", &PreflightError{
+					Check:   CheckGTIDMode,
+					Problem: fmt.Sprintf("the server refused a binlog dump from %s by GTID set: %s", s.committed, me.Message),
+					Fix: "set gtid_mode=ON with enforce_gtid_consistency=ON (stepping gtid_mode through OFF_PERMISSIVE and ON_PERMISSIVE), " +
+						"or start from a file and offset (SHOW BINARY LOG STATUS)",
+				})
+			}
 			return fmt.Errorf("canal: %w", &PurgedError{Position: s.committed, Detail: me.Message})
 		case mysql.ER_ACCESS_DENIED_ERROR, mysql.ER_DBACCESS_DENIED_ERROR, mysql.ER_SPECIFIC_ACCESS_DENIED_ERROR,
 			mysql.ER_TABLEACCESS_DENIED_ERROR, mysql.ER_COLUMNACCESS_DENIED_ERROR, mysql.ER_ACCESS_DENIED_NO_PASSWORD_ERROR:

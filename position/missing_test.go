@@ -43,6 +43,10 @@ func TestMissing(t *testing.T) {
 		{"mysql uuid unknown to the server", FlavorMySQL, u1 + ":1-100",
 			u1 + ":1-100," + u2 + ":1-3", u2 + ":1-3"},
 		{"mysql new uuid on the server", FlavorMySQL, u1 + ":1-100," + u2 + ":1-50", u1 + ":1-100", ""},
+		// MySQL 8.3+ tagged GTIDs (uuid:tag:n): a tag's numbers are their own.
+		{"mysql tagged behind", FlavorMySQL, u1 + ":1-100:relay:1-3", u1 + ":1-100:relay:1-5", u1 + ":relay:4-5"},
+		{"mysql tag unknown to the server", FlavorMySQL, u1 + ":1-100", u1 + ":1-100:relay:1-2", u1 + ":relay:1-2"},
+		{"mysql tagged same, untagged behind", FlavorMySQL, u1 + ":1-90:relay:1-5", u1 + ":1-100:relay:1-5", u1 + ":91-100"},
 	} {
 		got, err := Missing(c.flavor, c.executed, Position{Flavor: c.flavor, GTIDSet: c.want})
 		if err != nil {
@@ -69,6 +73,7 @@ func TestAdded(t *testing.T) {
 		{FlavorMariaDB, "0-1-5", "0-1-5", ""},
 		{FlavorMySQL, u1 + ":1-100", u1 + ":1-101", u1 + ":101"},
 		{FlavorMySQL, u1 + ":1-100", u1 + ":1-100", ""},
+		{FlavorMySQL, u1 + ":1-100:relay:1-4", u1 + ":1-100:relay:1-5", u1 + ":relay:5"},
 	} {
 		got, err := Added(c.flavor, c.prev, c.cur)
 		if err != nil || got != c.want {

@@ -124,6 +124,12 @@ func startBinlogRun(t *testing.T, src *scriptSource, mod func(*Config)) *binlogR
 		}
 	})
 	b.r.binlog = fakeBinlog{src: src}
+	b.launch(t)
+	return b
+}
+
+// launch runs binlog mode on b.pub in a goroutine; b.stop shuts it down.
+func (b *binlogRun) launch(t *testing.T) {
 	b.r.openBinlog = func(context.Context, lease) (binlogPublisher, error) { return b.pub, nil }
 	ctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
@@ -133,7 +139,6 @@ func startBinlogRun(t *testing.T, src *scriptSource, mod func(*Config)) *binlogR
 		b.next <- next
 		b.err <- err
 	}()
-	return b
 }
 
 // result waits for the run's end.
