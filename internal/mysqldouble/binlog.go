@@ -32,6 +32,9 @@ type binlogFile struct {
 func (s *Server) newFile() {
 	name := fmt.Sprintf("binlog.%06d", len(s.files)+1)
 	s.enc = NewEncoder(s.cfg.ServerID)
+	if !s.now.IsZero() {
+		s.enc.Time = s.now
+	}
 	f := &binlogFile{name: name}
 	f.events = append(f.events,
 		storedEvent{raw: s.enc.FormatDescription(s.cfg.Version.Name, s.cfg.Version.PostHeaderLens)},
@@ -44,6 +47,17 @@ func (s *Server) current() *binlogFile { return s.files[len(s.files)-1] }
 func (s *Server) notify() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// SetTime makes t the time of every event written from now on (their
+// header's timestamp, a GTID event's commit time, a new file's start), as
+// a server's clock would: binlogs searched by time (replay --from-time)
+// need transactions and files of different times.
+func (s *Server) SetTime(t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.now = t
+	s.enc.Time = t
 }
 
 // Rotate ends the current file with a ROTATE and starts the next one.
@@ -76,7 +90,7 @@ func (s *Server) Commit(txn Txn) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var key *gtidKey
-	g := GTID{CommitTime: time.Unix(1700000000, 0), ServerVersion: s.cfg.Version.Number}
+	g := GTID{CommitTime: s.enc.Time, ServerVersion: s.cfg.Version.Number}
 	if !txn.Anonymous && !s.cfg.GTIDModeOff {
 		tag := mysql.NewTag(txn.Tag)
 		gno := int64(1)

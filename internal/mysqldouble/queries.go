@@ -198,6 +198,10 @@ func (h *session) answer(q string) ([]string, [][]any, error) {
 		}
 		return []string{"Server_id", "Host", "Port", "Master_id", "Slave_UUID"}, nil, nil
 	case "SELECT LOCAL FROM PERFORMANCE_SCHEMA.LOG_STATUS":
+		if !s.granted("BACKUP_ADMIN") {
+			return nil, nil, mysql.NewError(mysql.ER_SPECIFIC_ACCESS_DENIED_ERROR,
+				"Access denied; you need (at least one of) the BACKUP_ADMIN privilege(s) for this operation")
+		}
 		local, err := json.Marshal(map[string]any{
 			"gtid_executed":       s.executed.String(),
 			"binary_log_file":     s.current().name,
@@ -261,6 +265,18 @@ func normalize(q string) string {
 }
 
 // errParse is MySQL's answer to a statement it does not know.
+// granted reports whether a line of the grants gives privilege (or ALL
+// PRIVILEGES) on *.*. s.mu held.
+func (s *Server) granted(privilege string) bool {
+	for _, g := range s.cfg.Grants {
+		g = strings.ToUpper(g)
+		if strings.Contains(g, " ON *.* ") && (strings.Contains(g, privilege) || strings.Contains(g, "ALL PRIVILEGES")) {
+			return true
+		}
+	}
+	return false
+}
+
 func errParse(q string) error {
 	return mysql.NewError(mysql.ER_PARSE_ERROR, fmt.Sprintf(
 		"You have an error in your SQL syntax; check the manual that corresponds to your MySQL server version for the right syntax to use near '%s' at line 1", q))

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/go-mysql-org/go-mysql/server"
@@ -71,6 +72,7 @@ type Server struct {
 	conns    map[net.Conn]*clientConn
 	xid      uint64
 	closed   bool
+	now      time.Time // the time of the events written from now on (SetTime); zero: NewEncoder's
 
 	wg sync.WaitGroup
 }
