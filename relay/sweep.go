@@ -130,7 +130,6 @@ func (d *dueSchedule) wait() (sleep time.Duration, ok bool) {
 // every row the stream had handed over. When the look fails it sweeps
 // after the poll interval, to be safe.
 func (d *dueSchedule) look(ctx context.Context, s delayedSweeper, log *zap.Logger) {
-	before := time.Now()
 	earliest, serverNow, err := s.Earliest(ctx)
 	after := time.Now()
 	if err != nil {
@@ -144,9 +143,12 @@ func (d *dueSchedule) look(ctx context.Context, s delayedSweeper, log *zap.Logge
 		d.lastRound = after
 		return
 	}
-	// The server read its clock between before and after: the middle is
-	// off by at most half the round trip.
-	d.clock = serverClock{at: before.Add(after.Sub(before) / 2), server: serverNow}
+	// The server read its clock before the answer arrived: taking the
+	// arrival as that moment, the relay never reckons the server's clock
+	// ahead of what it is. A wait may end late by the answer's way back (a
+	// busy machine's scheduling delays included), never early, so a wake
+	// never finds nothing due.
+	d.clock = serverClock{at: after, server: serverNow}
 	d.next = earliest
 }
 
