@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
+	"github.com/outbox-relay/outbox-relay/streams"
 )
 
 // Defaults of Config: zero values take them (SetDefaults), and the CLI's
@@ -51,6 +52,9 @@ type Config struct {
 	MySQLDSN        string              // go-sql-driver form user:pass@tcp(host:port)/db
 	AMQPURL         string              // one URL, or several separated by commas (a cluster's nodes; publish.SplitURLs)
 	AMQPOptions     publish.ConnOptions // TLS files and password file for AMQPURL, read at every dial
+	// Stream is the stream destination (--stream): when enabled, binlog
+	// mode publishes into its partition streams instead of exchanges.
+	Stream streams.Config
 	Table           string              // default DefaultTable
 	RelayName       string              // default DefaultRelayName
 	ServerID        uint32              // our replica server id; default 7_364_000 + a value derived from the relay name
@@ -201,6 +205,12 @@ func (c *Config) Validate() error {
 	}
 	if d.MaxInflightBytes < 1<<20 {
 		return bad("Config.MaxInflightBytes %d is below 1 MiB", d.MaxInflightBytes)
+	}
+	if err := d.Stream.Validate(); err != nil {
+		return bad("%w", err)
+	}
+	if d.Stream.Enabled() && d.Mode != ModeBinlog {
+		return bad("--stream needs --mode binlog: poll mode (and auto mode's fallback to it) does not deliver into streams yet")
 	}
 	if d.Lanes > 1024 {
 		return bad("Config.Lanes %d: at most 1024 (each is an AMQP channel)", d.Lanes)

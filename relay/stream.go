@@ -30,7 +30,11 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost 
 	r := p.r
 	h := &handler{p: p}
 	from := storedPosition(progress)
-	if progress.Position.IsZero() || Mode(progress.Mode) == ModePoll || lost {
+	resume := !(progress.Position.IsZero() || Mode(progress.Mode) == ModePoll || lost)
+	if err := p.startIDs(progress, resume); err != nil {
+		return err
+	}
+	if !resume {
 		var stopped bool
 		var err error
 		if from, stopped, err = p.sweepThenWindow(ctx, h); err != nil || stopped {
@@ -256,7 +260,7 @@ func (h *handler) Commit(ctx context.Context, pos position.Position, rows int) e
 			h.p.mode.Store(ModeBinlog)
 		}
 	}
-	h.p.tracker.Commit(pos)
+	h.p.tracker.Commit(h.p.markAt(pos))
 	h.p.leaveTxn()
 	return nil
 }

@@ -1,0 +1,121 @@
+package streams
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/publish"
+)
+
+// Publisher is one connection to the broker's stream protocol (a
+// stream.Environment) and the producers opened on it.
+type Publisher struct {
+	cfg       Config
+	env       *stream.Environment
+	producers []*Producer
+}
+
+// Dial connects to cfg.URL. The broker's advertised host is replaced by
+// the URL's own (a single node, or a load balancer in front of the
+// cluster): the stream protocol would otherwise connect producers to the
+// node name the broker advertises, which need not resolve from here.
+func Dial(cfg Config) (*Publisher, error) {
+	opts := stream.NewEnvironmentOptions().SetUri(cfg.URL).SetRPCTimeout(10 * time.Second)
+	if cfg.Password != "" {
+		opts.SetPassword(cfg.Password)
+	}
+	if u, err := url.Parse(cfg.URL); err == nil && u.Hostname() != "" {
+		port := u.Port()
+		if port == "" {
+			port = fmt.Sprint(DefaultPort)
+		}
+		var p int
+		_, _ = fmt.Sscan(port, &p)
+		opts.SetAddressResolver(stream.AddressResolver{Host: u.Hostname(), Port: p})
+	}
+	env, err := stream.NewEnvironment(opts)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the stream protocol at %s (is the rabbitmq_stream plugin enabled? rabbitmq-plugins enable rabbitmq_stream): %w",
+			redact.URL(cfg.URL), err)
+	}
+	return &Publisher{cfg: cfg, env: env}, nil
+}
+
+// Config is the destination the publisher was dialed with.
+func (p *Publisher) Config() Config { return p.cfg }
+
+// LastIDs returns, for each partition, the highest publishing id the broker
+// stored for that partition's producer (0 when it never stored one).
+func (p *Publisher) LastIDs() ([]uint64, error) {
+	ids := make([]uint64, p.cfg.Partitions)
+	for i := range ids {
+		seq, err := p.env.QuerySequence(p.cfg.ProducerName(i), p.cfg.PartitionName(i))
+		if err != nil {
+			return nil, fmt.Errorf("query the last publishing id of producer %s on stream %s: %w",
+				p.cfg.ProducerName(i), p.cfg.PartitionName(i), err)
+		}
+		if seq > 0 {
+			ids[i] = uint64(seq)
+		}
+	}
+	return ids, nil
+}
+
+// Open opens the producer of partition i, its ids continuing above last,
+// its results going to onResult.
+func (p *Publisher) Open(i int, last uint64, onResult func(publish.Result)) (*Producer, error) {
+	opts := stream.NewProducerOptions().SetProducerName(p.cfg.ProducerName(i)).
+		SetClientProvidedName(p.cfg.ProducerName(i))
+	if p.cfg.ConfirmTimeout > 0 {
+		opts.SetConfirmationTimeOut(p.cfg.ConfirmTimeout)
+	}
+	sp, err := p.env.NewProducer(p.cfg.PartitionName(i), opts)
+	if err != nil {
+		return nil, fmt.Errorf("open producer %s on stream %s (declare the partition streams: run with --stream-declare, or `outbox-relay streams declare`): %w",
+			p.cfg.ProducerName(i), p.cfg.PartitionName(i), err)
+	}
+	pr := newProducer(sp, p.cfg.ProducerName(i), p.cfg.PartitionName(i), p.cfg.Window, last, onResult)
+	p.producers = append(p.producers, pr)
+	return pr, nil
+}
+
+// Declare declares the partition streams that do not exist yet (those an
+// operator declared, with their own retention, are used as they are) and
+// then, where the broker and the client support it, the super stream over
+// them; superStream reports whether it was declared (the client can do so
+// on RabbitMQ 3.13+; on 3.11 and 3.12 `rabbitmq-streams add_super_stream`
+// does it).
+func (p *Publisher) Declare() (superStream bool, err error) {
+	for i := 0; i < p.cfg.Partitions; i++ {
+		name := p.cfg.PartitionName(i)
+		if err := p.env.DeclareStream(name, nil); err != nil && !errors.Is(err, stream.StreamAlreadyExists) {
+			return false, fmt.Errorf("declare stream %s: %w", name, err)
+		}
+	}
+	err = p.env.DeclareSuperStream(p.cfg.Stream, stream.NewPartitionsOptions(p.cfg.Partitions))
+	switch {
+	case err == nil:
+		return true, nil
+	case strings.Contains(err.Error(), "not supported"):
+		return false, nil
+	}
+	return false, fmt.Errorf("declare super stream %s: %w", p.cfg.Stream, err)
+}
+
+// Close closes the producers and the connection.
+func (p *Publisher) Close() error {
+	var errs []error
+	for _, pr := range p.producers {
+		errs = append(errs, pr.Close())
+	}
+	if err := p.env.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close the stream connection: %w", err))
+	}
+	return errors.Join(errs...)
+}
