@@ -238,7 +238,7 @@ func (b binlogPub) NewSink(onResult func(publish.Result)) (sink, error) {
 }
 
 func (b binlogPub) Drainer() (drainer, error) {
-	d, err := b.r.newPoller(b.Publisher, b.leader)
+	d, err := b.r.newPoller(poller.AMQP(b.Publisher), b.leader)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +246,7 @@ func (b binlogPub) Drainer() (drainer, error) {
 }
 
 func (b binlogPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
-	pl, err := b.r.newPoller(b.Publisher, b.leader)
+	pl, err := b.r.newPoller(poller.AMQP(b.Publisher), b.leader)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -31,9 +31,6 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost 
 	h := &handler{p: p}
 	from := storedPosition(progress)
 	resume := !(progress.Position.IsZero() || Mode(progress.Mode) == ModePoll || lost)
-	if err := p.startIDs(progress, resume); err != nil {
-		return err
-	}
 	if !resume {
 		var stopped bool
 		var err error
@@ -42,6 +39,10 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost 
 		}
 	} else if err := r.binlog.CheckPosition(ctx, from); err != nil {
 		return positionError(err)
+	}
+	// After the sweep: the lanes' ids start above what it sent.
+	if err := p.startIDs(progress, resume); err != nil {
+		return err
 	}
 	r.failover.startTerm(from.Flavor)
 	src, err := r.binlog.Open(func(err error, attempt int) {

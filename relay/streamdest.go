@@ -2,17 +2,14 @@ package relay
 
 import (
 	"context"
-	"database/sql"
-	"errors"
-	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/position"
 	"github.com/outbox-relay/outbox-relay/publish"
 	"github.com/outbox-relay/outbox-relay/streams"
@@ -89,10 +86,11 @@ func (p *pipeline) markAt(pos position.Position) mark {
 	return mark{Position: pos, ids: p.idsSnap}
 }
 
-// startIDs sets the ids the term continues from, before anything is read:
-// the stored ones when resume (the term tails from exactly the stored
-// position) and they are for this stream and partition count; otherwise
-// the broker's last id of each producer.
+// startIDs sets the ids the term's lanes continue from, before the tail
+// publishes: the stored ones when resume (the term tails from exactly the
+// stored position) and they are for this stream and partition count;
+// otherwise above both the broker's last id of each lane producer and what
+// this term's sweep sent through it.
 func (p *pipeline) startIDs(progress checkpoint.Progress, resume bool) error {
 	sp, ok := p.pub.(*streamPub)
 	if !ok {
@@ -101,10 +99,24 @@ func (p *pipeline) startIDs(progress checkpoint.Progress, resume bool) error {
 	cfg := p.r.cfg.Stream
 	if st := progress.StreamIDs; resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions {
 		p.ids = slices.Clone(st.IDs)
-		p.r.log.Info("stream destination: continuing the stored publishing ids (exactly once)", zap.Uint64s("ids", p.ids))
+		// What the broker holds above the stored ids is the tail the last
+		// term published and did not acknowledge: this term publishes it
+		// again with the same ids, and the broker drops it.
+		broker, err := sp.pub.LastIDs(cfg.Producer)
+		if err != nil {
+			return err
+		}
+		var repeats uint64
+		for i, b := range broker {
+			if b > p.ids[i] {
+				repeats += b - p.ids[i]
+			}
+		}
+		p.r.log.Info("stream destination: continuing the stored publishing ids (exactly once); the broker drops the repeated tail",
+			zap.Uint64s("ids", p.ids), zap.Uint64s("broker_last", broker), zap.Uint64("repeats", repeats))
 		return nil
 	}
-	last, err := sp.pub.LastIDs()
+	last, err := sp.startAbove(cfg.Producer)
 	if err != nil {
 		return err
 	}
@@ -155,95 +167,104 @@ func (p *pipeline) watchSinks(g *group) {
 	}
 }
 
-// streamPub is binlog mode's publisher with the stream destination: the
-// stream connection and a producer per partition (opened by the lanes in
-// partition order).
+// streamPub is a term's publisher with the stream destination: the stream
+// connection and its producers, "<relay-name>-<i>" for the lanes, the
+// sweep before tailing and poll mode (never at once), and
+// "<relay-name>-delayed-<i>" for the due-time sweep, which runs beside the
+// lanes and must not share their sequence.
 type streamPub struct {
-	r    *Relay
-	pub  *streams.Publisher
-	mu   sync.Mutex
-	next int
+	r      *Relay
+	pub    *streams.Publisher
+	leader lease
+	next   int // the partition of the next lane NewSink opens
 }
 
+// delayedSuffix names the due-time sweep's producers.
+const delayedSuffix = "-delayed"
+
 // openStreamPub is binlog mode's openBinlog with the stream destination.
-func (r *Relay) openStreamPub(ctx context.Context, _ lease) (binlogPublisher, error) {
+func (r *Relay) openStreamPub(ctx context.Context, leader lease) (binlogPublisher, error) {
 	pub, err := streams.Dial(r.cfg.Stream)
 	if err != nil {
 		return nil, err
 	}
-	return &streamPub{r: r, pub: pub}, nil
+	return &streamPub{r: r, pub: pub, leader: leader}, nil
+}
+
+// startAbove makes the producers "<prefix>-<i>" number what they send
+// above the broker's last ids for them, and returns, per partition, the
+// highest of those and of what they sent already.
+func (s *streamPub) startAbove(prefix string) ([]uint64, error) {
+	last, err := s.pub.LastIDs(prefix)
+	if err != nil {
+		return nil, err
+	}
+	for i := range last {
+		pr, err := s.pub.Producer(prefix, i)
+		if err != nil {
+			return nil, err
+		}
+		pr.StartAbove(last[i])
+		last[i] = pr.Last()
+	}
+	return last, nil
 }
 
 // Connected: the stream client reconnects nothing; a lost connection fails
 // the producers, which ends the term.
 func (s *streamPub) Connected() (bool, <-chan struct{}) { return true, nil }
 
+// NewSink opens the lane of the next partition (the lanes are opened in
+// partition order).
 func (s *streamPub) NewSink(onResult func(publish.Result)) (sink, error) {
-	s.mu.Lock()
-	i := s.next
+	pr, err := s.pub.Producer(s.r.cfg.Stream.Producer, s.next)
+	if err != nil {
+		return nil, err
+	}
 	s.next++
-	s.mu.Unlock()
-	return s.pub.Open(i, 0, onResult)
+	return streams.NewLane(pr, onResult), nil
 }
 
-// Drainer: delivering pending rows by polling into the streams is not
-// built; a start that needs it (first start, after poll mode, an accepted
-// lossy failover) goes on only when no row is pending.
-func (s *streamPub) Drainer() (drainer, error) { return pendingRefusal{r: s.r}, nil }
+// Drainer delivers the rows pending before tailing into the streams, at
+// least once: through the lanes' producers, numbered above the broker's
+// last ids (the lanes then start above what it sent).
+func (s *streamPub) Drainer() (drainer, error) {
+	if _, err := s.startAbove(s.r.cfg.Stream.Producer); err != nil {
+		return nil, err
+	}
+	return s.r.newPoller(routerPub{s.pub, s.r.cfg.Stream.Producer}, s.leader)
+}
 
-// DelayedSweeper: delayed rows are not delivered into the streams yet.
+// DelayedSweeper delivers due delayed rows into the streams through
+// producers of their own, numbered above the broker's last ids for them.
 func (s *streamPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
-	return pendingRefusal{r: s.r, delayed: true}, time.Second, nil
+	prefix := s.r.cfg.Stream.Producer + delayedSuffix
+	if _, err := s.startAbove(prefix); err != nil {
+		return nil, 0, err
+	}
+	pl, err := s.r.newPoller(routerPub{s.pub, prefix}, s.leader)
+	if err != nil {
+		return nil, 0, err
+	}
+	sw, err := pl.NewDelayedSweeper()
+	if err != nil {
+		return nil, 0, err
+	}
+	return sw, pl.Config().Interval, nil
 }
 
 func (s *streamPub) Close() error { return s.pub.Close() }
 
-// errNoStreamPolling is the refusal of what the stream destination cannot
-// deliver yet: rows that only polling would deliver.
-var errNoStreamPolling = errors.New("the stream destination publishes from the binlog only: delivering rows " +
-	"pending before the binlog position, and delayed rows (available_at set), into streams by polling is not built yet; " +
-	"deliver them with a relay without --stream (or delete them), then start the stream relay again")
-
-// pendingRefusal stands for the poller with the stream destination: it
-// delivers nothing, and refuses when there is something to deliver.
-type pendingRefusal struct {
-	r       *Relay
-	delayed bool
+// routerPub is the stream destination as the poller's publisher: each
+// worker gets a router over the producers "<prefix>-<i>".
+type routerPub struct {
+	pub    *streams.Publisher
+	prefix string
 }
 
-func (d pendingRefusal) pending(ctx context.Context) (bool, error) {
-	q := "SELECT 1 FROM `" + d.r.cfg.Table + "` WHERE delivered_at IS NULL"
-	if d.delayed {
-		q += " AND available_at IS NOT NULL"
-	}
-	var one int
-	err := d.r.db.QueryRowContext(ctx, q+" LIMIT 1").Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("check for pending rows in %s: %w", d.r.cfg.Table, err)
-	}
-	return true, nil
+func (r routerPub) NewChannel(onResult func(publish.Result)) (poller.Channel, error) {
+	return r.pub.NewRouter(r.prefix, onResult), nil
 }
-
-func (d pendingRefusal) DrainUntil(ctx context.Context, _ <-chan struct{}) (int, error) {
-	if any, err := d.pending(ctx); err != nil || !any {
-		return 0, err
-	}
-	return 0, &ConfigError{errNoStreamPolling}
-}
-
-func (d pendingRefusal) Pending(ctx context.Context) (bool, error) { return d.pending(ctx) }
-
-func (d pendingRefusal) Round(ctx context.Context) (int, error) {
-	if any, err := d.pending(ctx); err != nil || !any {
-		return 0, err
-	}
-	return 0, &ConfigError{errNoStreamPolling}
-}
-
-func (d pendingRefusal) Close() error { return nil }
 
 // laneCount is the number of publishing lanes: one per partition stream
 // with the stream destination, Config.Lanes otherwise.

@@ -8,7 +8,7 @@
 //
 //   - Partition chooses a row's partition as the super-stream clients do
 //     (murmur3, seed 104729, of the partition key, modulo N); rows with the
-//     key '' are spread by their message id, which is as free as round
+//     key ” are spread by their message id, which is as free as round
 //     robin but the same on every re-publication.
 //   - Encode maps a publish.Message (the AMQP message of section "The message
 //     on the wire" in docs/wire.md) to an AMQP 1.0 stream message.

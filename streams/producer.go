@@ -11,20 +11,22 @@ import (
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
-// Producer publishes into one partition stream under one producer name. It
-// is a sink (the relay's lanes use it like a publish.Channel): Publish sends
-// asynchronously, and every message it accepted gets exactly one
-// publish.Result through onResult, unless the Producer fails or is closed
-// first. Publish calls must come from one goroutine at a time (one lane);
-// results come from the Producer's own goroutine, in publishing-id order.
+// Producer publishes into one partition stream under one producer name.
+// Publish sends asynchronously, and every message it accepted gets exactly
+// one publish.Result through the callback given with it, unless the
+// Producer fails or is closed first. Publish may be called from several
+// goroutines: the id is assigned and the message queued under one lock, so
+// ids reach the broker in increasing order. Results come from the
+// Producer's own goroutine, in publishing-id order.
 type Producer struct {
 	name, stream string
 	p            *stream.Producer
-	onResult     func(publish.Result)
 	window       chan struct{} // one token per unconfirmed message
 
+	sendMu sync.Mutex // held from assigning an id to queueing the message
+
 	mu      sync.Mutex
-	tags    map[int64]any // publishing id → Message.Tag, of unconfirmed messages
+	tags    map[int64]waiting // publishing id → the message's tag and callback, of unconfirmed messages
 	last    uint64        // the highest id sent
 	err     error
 	failed  chan struct{} // closed at the first failure
@@ -33,14 +35,20 @@ type Producer struct {
 	closing bool
 }
 
+// waiting is an unconfirmed message's tag and callback.
+type waiting struct {
+	tag any
+	cb  func(publish.Result)
+}
+
 // ErrFailed wraps every failure of a Producer: a message the broker did
 // not confirm, the connection lost, the producer closed under it.
 var ErrFailed = errors.New("stream producer failed")
 
-func newProducer(p *stream.Producer, name, streamName string, window int, last uint64, onResult func(publish.Result)) *Producer {
+func newProducer(p *stream.Producer, name, streamName string, window int) *Producer {
 	pr := &Producer{
-		name: name, stream: streamName, p: p, onResult: onResult,
-		window: make(chan struct{}, window), tags: map[int64]any{}, last: last,
+		name: name, stream: streamName, p: p,
+		window: make(chan struct{}, window), tags: map[int64]waiting{},
 		failed: make(chan struct{}), idle: make(chan struct{}), done: make(chan struct{}),
 	}
 	go pr.confirmations(p.NotifyPublishConfirmation(), p.NotifyClose())
@@ -60,21 +68,31 @@ func (pr *Producer) Err() error {
 	return pr.err
 }
 
-// Last is the highest publishing id sent so far (or the one it started
-// above).
+// Last is the highest publishing id sent so far (0 before the first).
 func (pr *Producer) Last() uint64 {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	return pr.last
 }
 
+// StartAbove makes the ids Publish assigns (m.Seq 0) start above last,
+// when that is above the highest sent so far: the broker's last id for
+// this producer, so that no message is dropped as a false duplicate.
+func (pr *Producer) StartAbove(last uint64) {
+	pr.sendMu.Lock()
+	defer pr.sendMu.Unlock()
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	pr.last = max(pr.last, last)
+}
+
 // Publish sends m with publishing id m.Seq, or, when m.Seq is 0, with the id
-// after the highest sent so far. Ids must strictly increase: an id at or
-// below the highest sent is refused (the broker would drop the message as a
-// duplicate). It blocks while Config.Window messages are unconfirmed and
-// returns ctx's error when ctx ends first, and the failure once the
-// producer has failed.
-func (pr *Producer) Publish(ctx context.Context, m publish.Message) error {
+// after the highest sent so far; cb gets its result. Ids must strictly
+// increase: an id at or below the highest sent is refused (the broker would
+// drop the message as a duplicate). It blocks while Config.Window messages
+// are unconfirmed and returns ctx's error when ctx ends first, and the
+// failure once the producer has failed.
+func (pr *Producer) Publish(ctx context.Context, m publish.Message, cb func(publish.Result)) error {
 	select {
 	case pr.window <- struct{}{}:
 	case <-pr.failed:
@@ -82,6 +100,8 @@ func (pr *Producer) Publish(ctx context.Context, m publish.Message) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	pr.sendMu.Lock()
+	defer pr.sendMu.Unlock()
 	pr.mu.Lock()
 	if pr.err != nil {
 		pr.mu.Unlock()
@@ -98,7 +118,7 @@ func (pr *Producer) Publish(ctx context.Context, m publish.Message) error {
 		return fmt.Errorf("stream producer %s: publishing id %d is not above the last sent, %d: the broker would drop it", pr.name, id, pr.last)
 	}
 	pr.last = id
-	pr.tags[int64(id)] = m.Tag
+	pr.tags[int64(id)] = waiting{tag: m.Tag, cb: cb}
 	pr.mu.Unlock()
 	// Send only queues (the client batches); order of Send calls is the
 	// order on the wire.
@@ -140,7 +160,8 @@ func (pr *Producer) confirmations(confirms stream.ChannelPublishConfirm, closed 
 func (pr *Producer) resolve(cs *stream.ConfirmationStatus) {
 	id := cs.GetPublishingId()
 	pr.mu.Lock()
-	tag, ok := pr.tags[id]
+	w, ok := pr.tags[id]
+	tag := w.tag
 	if !ok {
 		pr.mu.Unlock()
 		return
@@ -163,7 +184,7 @@ func (pr *Producer) resolve(cs *stream.ConfirmationStatus) {
 	}
 	pr.mu.Unlock()
 	<-pr.window
-	pr.onResult(res)
+	w.cb(res)
 }
 
 // fail records the first failure; the caller restarts from its checkpoint.

@@ -4,21 +4,24 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
-	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // Publisher is one connection to the broker's stream protocol (a
 // stream.Environment) and the producers opened on it.
 type Publisher struct {
-	cfg       Config
-	env       *stream.Environment
-	producers []*Producer
+	cfg Config
+	env *stream.Environment
+
+	mu        sync.Mutex
+	producers map[string]*Producer // by producer name
 }
 
 // Dial connects to cfg.URL. The broker's advertised host is replaced by
@@ -44,21 +47,22 @@ func Dial(cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("connect to the stream protocol at %s (is the rabbitmq_stream plugin enabled? rabbitmq-plugins enable rabbitmq_stream): %w",
 			redact.URL(cfg.URL), err)
 	}
-	return &Publisher{cfg: cfg, env: env}, nil
+	return &Publisher{cfg: cfg, env: env, producers: map[string]*Producer{}}, nil
 }
 
 // Config is the destination the publisher was dialed with.
 func (p *Publisher) Config() Config { return p.cfg }
 
 // LastIDs returns, for each partition, the highest publishing id the broker
-// stored for that partition's producer (0 when it never stored one).
-func (p *Publisher) LastIDs() ([]uint64, error) {
+// stored for the producer "<prefix>-<i>" (0 when it never stored one).
+func (p *Publisher) LastIDs(prefix string) ([]uint64, error) {
 	ids := make([]uint64, p.cfg.Partitions)
 	for i := range ids {
-		seq, err := p.env.QuerySequence(p.cfg.ProducerName(i), p.cfg.PartitionName(i))
+		name := prefix + "-" + strconv.Itoa(i)
+		seq, err := p.env.QuerySequence(name, p.cfg.PartitionName(i))
 		if err != nil {
 			return nil, fmt.Errorf("query the last publishing id of producer %s on stream %s: %w",
-				p.cfg.ProducerName(i), p.cfg.PartitionName(i), err)
+				name, p.cfg.PartitionName(i), err)
 		}
 		if seq > 0 {
 			ids[i] = uint64(seq)
@@ -67,21 +71,27 @@ func (p *Publisher) LastIDs() ([]uint64, error) {
 	return ids, nil
 }
 
-// Open opens the producer of partition i, its ids continuing above last,
-// its results going to onResult.
-func (p *Publisher) Open(i int, last uint64, onResult func(publish.Result)) (*Producer, error) {
-	opts := stream.NewProducerOptions().SetProducerName(p.cfg.ProducerName(i)).
-		SetClientProvidedName(p.cfg.ProducerName(i))
+// Producer returns the producer "<prefix>-<i>" on partition i, opening it
+// on first use (one per name and Publisher: two producers of one name must
+// not publish at once).
+func (p *Publisher) Producer(prefix string, i int) (*Producer, error) {
+	name := prefix + "-" + strconv.Itoa(i)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pr, ok := p.producers[name]; ok {
+		return pr, nil
+	}
+	opts := stream.NewProducerOptions().SetProducerName(name).SetClientProvidedName(name)
 	if p.cfg.ConfirmTimeout > 0 {
 		opts.SetConfirmationTimeOut(p.cfg.ConfirmTimeout)
 	}
 	sp, err := p.env.NewProducer(p.cfg.PartitionName(i), opts)
 	if err != nil {
-		return nil, fmt.Errorf("open producer %s on stream %s (declare the partition streams: run with --stream-declare, or `outbox-relay streams declare`): %w",
-			p.cfg.ProducerName(i), p.cfg.PartitionName(i), err)
+		return nil, fmt.Errorf("open producer %s on stream %s (declare the partition streams: run with --stream-declare): %w",
+			name, p.cfg.PartitionName(i), err)
 	}
-	pr := newProducer(sp, p.cfg.ProducerName(i), p.cfg.PartitionName(i), p.cfg.Window, last, onResult)
-	p.producers = append(p.producers, pr)
+	pr := newProducer(sp, name, p.cfg.PartitionName(i), p.cfg.Window)
+	p.producers[name] = pr
 	return pr, nil
 }
 
@@ -110,6 +120,8 @@ func (p *Publisher) Declare() (superStream bool, err error) {
 
 // Close closes the producers and the connection.
 func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	var errs []error
 	for _, pr := range p.producers {
 		errs = append(errs, pr.Close())

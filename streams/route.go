@@ -11,7 +11,7 @@ const Seed = 104729
 
 // Partition returns the partition (0 … n-1) of a row with partitionKey: murmur3
 // (32 bit, seed 104729) of the key's UTF-8 bytes modulo n. A row with the key
-// '' has no ordering constraint; it is spread by the hash of its message id
+// ” has no ordering constraint; it is spread by the hash of its message id
 // (messageID, any stable text), so the same row lands in the same partition
 // every time it is published: the publishing ids of a partition depend only
 // on the rows, never on timing.
