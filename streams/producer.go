@@ -27,7 +27,7 @@ type Producer struct {
 
 	mu      sync.Mutex
 	tags    map[int64]waiting // publishing id → the message's tag and callback, of unconfirmed messages
-	last    uint64        // the highest id sent
+	last    uint64            // the highest id sent
 	err     error
 	failed  chan struct{} // closed at the first failure
 	idle    chan struct{} // closed and replaced whenever tags empties

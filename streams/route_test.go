@@ -50,7 +50,7 @@ func TestPartitionMatchesSuperStreamRouting(t *testing.T) {
 	}
 }
 
-// Rows with the key '' spread by message id: the same row always goes to
+// Rows with the key ” spread by message id: the same row always goes to
 // the same partition, and different rows use every partition.
 func TestPartitionEmptyKeySpreadsDeterministically(t *testing.T) {
 	seen := map[int]bool{}

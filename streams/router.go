@@ -28,7 +28,7 @@ func (l *Lane) Publish(ctx context.Context, m publish.Message) error {
 
 // Router publishes messages of any partition, as a poller's worker does:
 // each to its partition (Partition of its key, or of its message id for
-// the key ''), through the Publisher's producers "<prefix>-<i>", numbered
+// the key ”), through the Publisher's producers "<prefix>-<i>", numbered
 // by them (at least once: ids above the broker's last, see StartAbove). Its
 // methods have a publish.Channel's contract: Publish, Flush, Close. A
 // Router is used by one goroutine; several Routers may share producers.
