@@ -209,9 +209,6 @@ func (c *Config) Validate() error {
 	if err := d.Stream.Validate(); err != nil {
 		return bad("%w", err)
 	}
-	if d.Stream.Enabled() && d.Mode != ModeBinlog {
-		return bad("--stream needs --mode binlog: poll mode (and auto mode's fallback to it) does not deliver into streams yet")
-	}
 	if d.Lanes > 1024 {
 		return bad("Config.Lanes %d: at most 1024 (each is an AMQP channel)", d.Lanes)
 	}

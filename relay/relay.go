@@ -180,6 +180,7 @@ func New(cfg Config) (*Relay, error) {
 	r.openBinlog = r.openBinlogPub
 	if cfg.Stream.Enabled() {
 		r.openBinlog = r.openStreamPub
+		r.openPoll = r.openStreamPolling
 	}
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}

@@ -274,3 +274,24 @@ func (r *Relay) laneCount() int {
 	}
 	return r.cfg.Lanes
 }
+
+// openStreamPolling is poll mode's openPoll with the stream destination:
+// the poller publishes through the producers "<relay-name>-<i>", numbered
+// above the broker's last ids (at least once).
+func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublisher, rounds, error) {
+	pub, err := streams.Dial(r.cfg.Stream)
+	if err != nil {
+		return nil, nil, err
+	}
+	sp := &streamPub{r: r, pub: pub, leader: leader}
+	if _, err := sp.startAbove(r.cfg.Stream.Producer); err != nil {
+		pub.Close()
+		return nil, nil, err
+	}
+	p, err := r.newPoller(routerPub{pub, r.cfg.Stream.Producer}, leader)
+	if err != nil {
+		pub.Close()
+		return nil, nil, err
+	}
+	return sp, p, nil
+}

@@ -41,8 +41,9 @@ type waiting struct {
 	cb  func(publish.Result)
 }
 
-// ErrFailed wraps every failure of a Producer: a message the broker did
-// not confirm, the connection lost, the producer closed under it.
+// ErrFailed is matched (errors.Is) by every failure of a Producer: a
+// message the broker did not confirm, the connection lost, the producer
+// closed under it. So is publish.ErrClosed.
 var ErrFailed = errors.New("stream producer failed")
 
 func newProducer(p *stream.Producer, name, streamName string, window int) *Producer {
@@ -194,8 +195,19 @@ func (pr *Producer) fail(err error) {
 	if pr.err != nil || pr.closing {
 		return
 	}
-	pr.err = fmt.Errorf("%w: %w", ErrFailed, err)
+	pr.err = &failure{fmt.Errorf("stream producer %s failed: %w", pr.name, err)}
 	close(pr.failed)
+}
+
+// failure is a Producer's failure: it matches ErrFailed and
+// publish.ErrClosed (the producer publishes nothing more; a poller ends its
+// run on it, so the relay restarts the term).
+type failure struct{ err error }
+
+func (f *failure) Error() string { return f.err.Error() }
+func (f *failure) Unwrap() error { return f.err }
+func (f *failure) Is(target error) bool {
+	return target == ErrFailed || target == publish.ErrClosed
 }
 
 // Flush waits until every message sent has its result; it returns the
