@@ -9,8 +9,8 @@ import (
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
 )
 
-// ConsumeStreams feeds every message of the given streams, from their first
-// offset, to v as the AMQP delivery it stands for (docs/wire.md, the stream
+// ConsumeStreams feeds every message stored in the given streams after it
+// returns (offset "next") to v as the AMQP delivery it stands for (docs/wire.md, the stream
 // destination): message-id, subject as type, content-type, creation-time as
 // timestamp, the application properties as headers (x-exchange and
 // x-routing-key as the delivery's exchange and routing key), the body. It
@@ -23,7 +23,7 @@ func ConsumeStreams(url string, streams []string, v *Validator) (stop func(), er
 	for _, name := range streams {
 		_, err := env.NewConsumer(name, func(_ stream.ConsumerContext, m *samqp.Message) {
 			v.Observe(StreamDelivery(m))
-		}, stream.NewConsumerOptions().SetOffset(stream.OffsetSpecification{}.First()))
+		}, stream.NewConsumerOptions().SetOffset(stream.OffsetSpecification{}.Next()))
 		if err != nil {
 			env.Close()
 			return nil, fmt.Errorf("validator: consume stream %s: %w", name, err)
