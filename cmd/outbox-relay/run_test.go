@@ -381,25 +381,10 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 	relay.start()
 	began := time.Now()
 
-	prodCtx, stopProd := context.WithCancel(ctx)
-	defer stopProd()
-	prodDone := make(chan error, 1)
-	go func() {
-		// A transaction is a 500-row one with probability 1%: about 4,500
-		// one-row transactions and 90 of 500 rows.
-		prodDone <- testload.Run(prodCtx, db.SQL, v, testload.Load{
-			Producers: 8, Partitions: 100, Total: total, BigTxn: 500, BigShare: 0.01, Exchange: b.Exchange,
-		})
-	}()
-
-	// Kill thresholds: distinct-delivery counts drawn at random from 5%..90%
-	// of the stream, sorted; each kill waits a further 0-100 ms so it lands
-	// at an arbitrary point of publishing.
-	thresholds := make([]int, kills)
-	for i := range thresholds {
-		thresholds[i] = total*5/100 + testload.RandN(total*85/100)
-	}
-	sortInts(thresholds)
+	prodDone := crashLoad(ctx, db, v, b, total)
+	// Kill thresholds: distinct-delivery counts; each kill waits a further
+	// 0-100 ms so it lands at an arbitrary point of publishing.
+	thresholds := killThresholds(total, kills)
 	lastDups, tails := 0, 0
 	var lastEpoch int64
 	for i, th := range thresholds {
@@ -457,6 +442,31 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 	if code, took := relay.terminate(time.Minute); code != 0 {
 		t.Fatalf("SIGTERM at the end: exit code %d after %v", code, took)
 	}
+}
+
+// crashLoad writes the crash tests' stream of total messages over 100
+// keys into db's outbox in the background (telling v) and returns its end.
+// A transaction is a 500-row one with probability 1%: for 12,000 messages
+// about 4,500 one-row transactions and 90 of 500 rows.
+func crashLoad(ctx context.Context, db *testenv.DB, v *validator.Validator, b *testenv.Broker, total int) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		done <- testload.Run(ctx, db.SQL, v, testload.Load{
+			Producers: 8, Partitions: 100, Total: total, BigTxn: 500, BigShare: 0.01, Exchange: b.Exchange,
+		})
+	}()
+	return done
+}
+
+// killThresholds draws kills points at random from 5%..90% of total,
+// sorted.
+func killThresholds(total, kills int) []int {
+	thresholds := make([]int, kills)
+	for i := range thresholds {
+		thresholds[i] = total*5/100 + testload.RandN(total*85/100)
+	}
+	sortInts(thresholds)
+	return thresholds
 }
 
 func sortInts(a []int) {

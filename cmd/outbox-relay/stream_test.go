@@ -106,23 +106,11 @@ func TestRunStreamSurvivesSIGKILLExactlyOnce(t *testing.T) {
 	relay.waitLog(ctx, "tailing the binlog")
 	began := time.Now()
 
-	prodCtx, stopProd := context.WithCancel(ctx)
-	defer stopProd()
-	prodDone := make(chan error, 1)
-	go func() {
-		prodDone <- testload.Run(prodCtx, db.SQL, v, testload.Load{
-			Producers: 8, Partitions: 100, Total: total, BigTxn: 500, BigShare: 0.01, Exchange: b.Exchange,
-		})
-	}()
-	// Kill thresholds: rows the relay has acknowledged, drawn at random
-	// from 5%..90% of the stream; each kill waits a further 0-100 ms so it
-	// lands at an arbitrary point of publishing. The consumer of the
-	// streams lags, so the relay's own progress decides.
-	thresholds := make([]int, kills)
-	for i := range thresholds {
-		thresholds[i] = total*5/100 + testload.RandN(total*85/100)
-	}
-	sortInts(thresholds)
+	prodDone := crashLoad(ctx, db, v, b, total)
+	// Kill thresholds: rows the relay has acknowledged (the consumer of the
+	// streams lags, so the relay's own progress decides); each kill waits a
+	// further 0-100 ms so it lands at an arbitrary point of publishing.
+	thresholds := killThresholds(total, kills)
 	floor := 0 // what the previous terms acknowledged: this one must add to it
 	for i, th := range thresholds {
 		at := waitAcknowledged(ctx, t, db, v, relay, max(th, floor+200))
