@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,5 +156,62 @@ func TestRunStreamSurvivesSIGKILLExactlyOnce(t *testing.T) {
 	}
 	if code, took := relay.terminate(time.Minute); code != 0 {
 		t.Fatalf("SIGTERM at the end: exit code %d after %v", code, took)
+	}
+}
+
+// A leader frozen (SIGSTOP) while it publishes into the streams is replaced
+// by its standby, which resumes from the stored position and ids, then
+// wakes with its in-flight messages: the new leader re-publishes the
+// frozen one's unacknowledged tail with the same publishing ids, so the
+// streams hold every message once (0 duplicates), in order per key.
+func TestLeaderFailoverSIGSTOPStream(t *testing.T) {
+	t.Parallel() // a server of its own (privateDB); mostly waits for the lease
+	ctx := testenv.WorkContext(t)
+	db := privateDB(t)
+	b := testenv.RabbitMQ(t)
+	migrate(t, db.DSN)
+	sc := testStreams(t, b, 4)
+	v := consumeStreams(t, sc)
+	flags := append(leaderFlags(), "--mode", "binlog", "--stream", sc.Stream, "--stream-partitions", "4")
+	leader := newRelayProc(t, relayArgs(t, db, b, flags...)...)
+	leader.start()
+	leader.waitLog(ctx, "tailing the binlog")
+	standby := newRelayProc(t, relayArgs(t, db, b, flags...)...)
+	standby.start()
+	standby.waitLog(ctx, "standby: another instance leads")
+
+	var stopProd atomic.Bool
+	prodDone := make(chan error, 1)
+	go func() {
+		for !stopProd.Load() {
+			if err := testload.Run(ctx, db.SQL, v, testload.Load{
+				Producers: 4, Partitions: 40, Total: 400, Exchange: b.Exchange, Pace: 2 * time.Millisecond,
+			}); err != nil {
+				prodDone <- err
+				return
+			}
+		}
+		prodDone <- nil
+	}()
+	acked := waitAcknowledged(ctx, t, db, v, leader, 500)
+	leader.stop()
+	wctx, cancel := context.WithTimeout(ctx, testLease+10*time.Second)
+	standby.waitLog(wctx, "took over")
+	cancel()
+	waitAcknowledged(ctx, t, db, v, standby, acked+500)
+	leader.cont()
+	leader.waitLog(ctx, "standby: another instance leads")
+	stopProd.Store(true)
+	if err := <-prodDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox", 0)
+	t.Logf("%d messages, %d duplicates in the streams; the new leader: %s", v.ExpectedCount(), v.Duplicates(),
+		strings.TrimSpace(grepLines(standby.output(), "continuing the stored publishing ids")))
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
 	}
 }
