@@ -10,7 +10,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/streams"
 )
 
-// streamTxns are six transactions of rows over keys k0…k6 and the key ''.
+// streamTxns are six transactions of rows over keys k0…k6 and the key ”.
 func streamTxns() []txn {
 	var txns []txn
 	id := uint64(0)
