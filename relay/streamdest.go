@@ -188,6 +188,7 @@ func (r *Relay) openStreamPub(ctx context.Context, leader lease) (binlogPublishe
 	if err != nil {
 		return nil, err
 	}
+	r.state.setPublisher(pub)
 	return &streamPub{r: r, pub: pub, leader: leader}, nil
 }
 
@@ -283,6 +284,7 @@ func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublis
 	if err != nil {
 		return nil, nil, err
 	}
+	r.state.setPublisher(pub)
 	sp := &streamPub{r: r, pub: pub, leader: leader}
 	if _, err := sp.startAbove(r.cfg.Stream.Producer); err != nil {
 		pub.Close()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
 
@@ -39,6 +40,7 @@ type Producer struct {
 type waiting struct {
 	tag any
 	cb  func(publish.Result)
+	at  time.Time // when it was sent
 }
 
 // ErrFailed is matched (errors.Is) by every failure of a Producer: a
@@ -119,7 +121,7 @@ func (pr *Producer) Publish(ctx context.Context, m publish.Message, cb func(publ
 		return fmt.Errorf("stream producer %s: publishing id %d is not above the last sent, %d: the broker would drop it", pr.name, id, pr.last)
 	}
 	pr.last = id
-	pr.tags[int64(id)] = waiting{tag: m.Tag, cb: cb}
+	pr.tags[int64(id)] = waiting{tag: m.Tag, cb: cb, at: time.Now()}
 	pr.mu.Unlock()
 	// Send only queues (the client batches); order of Send calls is the
 	// order on the wire.
@@ -186,6 +188,23 @@ func (pr *Producer) resolve(cs *stream.ConfirmationStatus) {
 	pr.mu.Unlock()
 	<-pr.window
 	w.cb(res)
+}
+
+// ConfirmWait is how long the oldest unconfirmed message has waited (0
+// when none is unconfirmed).
+func (pr *Producer) ConfirmWait() time.Duration {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	var oldest time.Time
+	for _, w := range pr.tags {
+		if oldest.IsZero() || w.at.Before(oldest) {
+			oldest = w.at
+		}
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return time.Since(oldest)
 }
 
 // fail records the first failure; the caller restarts from its checkpoint.

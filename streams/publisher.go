@@ -118,6 +118,27 @@ func (p *Publisher) Declare() (superStream bool, err error) {
 	return false, fmt.Errorf("declare super stream %s: %w", p.cfg.Stream, err)
 }
 
+// Node is the host:port the publisher connects to (never credentials).
+func (p *Publisher) Node() string {
+	u, err := url.Parse(p.cfg.URL)
+	if err != nil {
+		return ""
+	}
+	return u.Host
+}
+
+// ConfirmWait is how long the oldest unconfirmed message of any producer
+// has waited (0 when none is unconfirmed).
+func (p *Publisher) ConfirmWait() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var wait time.Duration
+	for _, pr := range p.producers {
+		wait = max(wait, pr.ConfirmWait())
+	}
+	return wait
+}
+
 // Close closes the producers and the connection.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
