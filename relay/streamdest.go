@@ -228,22 +228,16 @@ func (s *streamPub) NewSink(onResult func(publish.Result)) (sink, error) {
 
 // Drainer delivers the rows pending before tailing into the streams, at
 // least once: through the lanes' producers, numbered above the broker's
-// last ids (the lanes then start above what it sent).
+// last ids (the lanes then start above what it sent: startIDs).
 func (s *streamPub) Drainer() (drainer, error) {
-	if _, err := s.startAbove(s.r.cfg.Stream.Producer); err != nil {
-		return nil, err
-	}
 	return s.r.newPoller(routerPub{s.pub, s.r.cfg.Stream.Producer}, s.leader)
 }
 
 // DelayedSweeper delivers due delayed rows into the streams through
-// producers of their own, numbered above the broker's last ids for them.
+// producers of their own, numbered above the broker's last ids for them
+// (opened at the first delayed row).
 func (s *streamPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
-	prefix := s.r.cfg.Stream.Producer + delayedSuffix
-	if _, err := s.startAbove(prefix); err != nil {
-		return nil, 0, err
-	}
-	pl, err := s.r.newPoller(routerPub{s.pub, prefix}, s.leader)
+	pl, err := s.r.newPoller(routerPub{s.pub, s.r.cfg.Stream.Producer + delayedSuffix}, s.leader)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -278,7 +272,7 @@ func (r *Relay) laneCount() int {
 
 // openStreamPolling is poll mode's openPoll with the stream destination:
 // the poller publishes through the producers "<relay-name>-<i>", numbered
-// above the broker's last ids (at least once).
+// above the broker's last ids (at least once; streams.Router).
 func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublisher, rounds, error) {
 	pub, err := streams.Dial(r.cfg.Stream)
 	if err != nil {
@@ -286,10 +280,6 @@ func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublis
 	}
 	r.state.setPublisher(pub)
 	sp := &streamPub{r: r, pub: pub, leader: leader}
-	if _, err := sp.startAbove(r.cfg.Stream.Producer); err != nil {
-		pub.Close()
-		return nil, nil, err
-	}
 	p, err := r.newPoller(routerPub{pub, r.cfg.Stream.Producer}, leader)
 	if err != nil {
 		pub.Close()

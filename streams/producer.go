@@ -34,6 +34,10 @@ type Producer struct {
 	idle    chan struct{} // closed and replaced whenever tags empties
 	done    chan struct{} // closed when the confirmation loop ends
 	closing bool
+
+	// aboveBroker: numbered has made it start above the broker's last id
+	// (Publisher.mu).
+	aboveBroker bool
 }
 
 // waiting is an unconfirmed message's tag and callback.

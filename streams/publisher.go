@@ -75,9 +75,34 @@ func (p *Publisher) LastIDs(prefix string) ([]uint64, error) {
 // on first use (one per name and Publisher: two producers of one name must
 // not publish at once).
 func (p *Publisher) Producer(prefix string, i int) (*Producer, error) {
-	name := prefix + "-" + strconv.Itoa(i)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.producerLocked(prefix, i)
+}
+
+// numbered is Producer for messages it numbers itself (a Router's): on
+// first use the producer starts above the broker's last id for its name,
+// before anything is sent through it.
+func (p *Publisher) numbered(prefix string, i int) (*Producer, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pr, err := p.producerLocked(prefix, i)
+	if err != nil || pr.aboveBroker {
+		return pr, err
+	}
+	seq, err := p.env.QuerySequence(pr.name, pr.stream)
+	if err != nil {
+		return nil, fmt.Errorf("query the last publishing id of producer %s on stream %s: %w", pr.name, pr.stream, err)
+	}
+	if seq > 0 {
+		pr.StartAbove(uint64(seq))
+	}
+	pr.aboveBroker = true
+	return pr, nil
+}
+
+func (p *Publisher) producerLocked(prefix string, i int) (*Producer, error) {
+	name := prefix + "-" + strconv.Itoa(i)
 	if pr, ok := p.producers[name]; ok {
 		return pr, nil
 	}

@@ -29,7 +29,8 @@ func (l *Lane) Publish(ctx context.Context, m publish.Message) error {
 // Router publishes messages of any partition, as a poller's worker does:
 // each to its partition (Partition of its key, or of its message id for
 // the key ”), through the Publisher's producers "<prefix>-<i>", numbered
-// by them (at least once: ids above the broker's last, see StartAbove). Its
+// by them above the broker's last ids (at least once), each producer
+// asking the broker once, on first use. Its
 // methods have a publish.Channel's contract: Publish, Flush, Close. A
 // Router is used by one goroutine; several Routers may share producers.
 type Router struct {
@@ -53,7 +54,7 @@ func (p *Publisher) NewRouter(prefix string, onResult func(publish.Result)) *Rou
 // producer.
 func (r *Router) Publish(ctx context.Context, m publish.Message) error {
 	i := Partition(m.Key, m.Publishing.MessageId, r.pub.cfg.Partitions)
-	pr, err := r.pub.Producer(r.prefix, i)
+	pr, err := r.pub.numbered(r.prefix, i)
 	if err != nil {
 		return err
 	}
