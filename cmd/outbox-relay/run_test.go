@@ -414,18 +414,7 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 		lastDups = dups
 		relay.start()
 	}
-
-	select {
-	case err := <-prodDone:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-ctx.Done():
-		t.Fatalf("producers did not finish: %v", ctx.Err())
-	}
-	if err := v.WaitComplete(ctx); err != nil {
-		t.Fatal(err)
-	}
+	finishLoad(ctx, t, prodDone, v)
 	if err := v.Check(validator.AtLeastOnce); err != nil {
 		t.Fatal(err)
 	}
@@ -456,6 +445,23 @@ func crashLoad(ctx context.Context, db *testenv.DB, v *validator.Validator, b *t
 		})
 	}()
 	return done
+}
+
+// finishLoad waits for the load (crashLoad) to end and for v to have seen
+// every message it wrote.
+func finishLoad(ctx context.Context, t *testing.T, prodDone <-chan error, v *validator.Validator) {
+	t.Helper()
+	select {
+	case err := <-prodDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatalf("producers did not finish: %v", ctx.Err())
+	}
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // killThresholds draws kills points at random from 5%..90% of total,

@@ -70,6 +70,19 @@ func waitAcknowledged(ctx context.Context, t *testing.T, db *testenv.DB, v *vali
 	return acked()
 }
 
+// streamSetup is a stream test's fixtures: its work context, a migrated
+// database on a server of its own, the broker, a super stream of parts
+// partitions and a validator reading it.
+func streamSetup(t *testing.T, parts int) (context.Context, *testenv.DB, *testenv.Broker, streams.Config, *validator.Validator) {
+	t.Helper()
+	ctx := testenv.WorkContext(t)
+	db := privateDB(t)
+	b := testenv.RabbitMQ(t)
+	migrate(t, db.DSN)
+	sc := testStreams(t, b, parts)
+	return ctx, db, b, sc, consumeStreams(t, sc)
+}
+
 // consumeStreams attaches a validator to every partition of cfg.
 func consumeStreams(t *testing.T, cfg streams.Config) *validator.Validator {
 	t.Helper()
@@ -94,12 +107,7 @@ func consumeStreams(t *testing.T, cfg streams.Config) *validator.Validator {
 func TestRunStreamSurvivesSIGKILLExactlyOnce(t *testing.T) {
 	const total, kills, parts = 30_000, 4, 4
 	heavy(t)
-	ctx := testenv.WorkContext(t)
-	db := privateDB(t)
-	b := testenv.RabbitMQ(t)
-	migrate(t, db.DSN)
-	sc := testStreams(t, b, parts)
-	v := consumeStreams(t, sc)
+	ctx, db, b, sc, v := streamSetup(t, parts)
 	relay := newRelayProc(t, relayArgs(t, db, b, append(leaderFlags(), "--mode", "binlog",
 		"--stream", sc.Stream, "--stream-partitions", fmt.Sprint(parts))...)...)
 	relay.start()
@@ -127,17 +135,7 @@ func TestRunStreamSurvivesSIGKILLExactlyOnce(t *testing.T) {
 		floor = v.ExpectedCount() - left
 		relay.start()
 	}
-	select {
-	case err := <-prodDone:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-ctx.Done():
-		t.Fatalf("producers did not finish: %v", ctx.Err())
-	}
-	if err := v.WaitComplete(ctx); err != nil {
-		t.Fatal(err)
-	}
+	finishLoad(ctx, t, prodDone, v)
 	testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox", 0)
 	t.Logf("%d messages through %d SIGKILLs in %v: %d duplicates in the streams",
 		total, kills, time.Since(began).Round(time.Millisecond), v.Duplicates())
@@ -163,12 +161,7 @@ func TestRunStreamSurvivesSIGKILLExactlyOnce(t *testing.T) {
 // streams hold every message once (0 duplicates), in order per key.
 func TestLeaderFailoverSIGSTOPStream(t *testing.T) {
 	t.Parallel() // a server of its own (privateDB); mostly waits for the lease
-	ctx := testenv.WorkContext(t)
-	db := privateDB(t)
-	b := testenv.RabbitMQ(t)
-	migrate(t, db.DSN)
-	sc := testStreams(t, b, 4)
-	v := consumeStreams(t, sc)
+	ctx, db, b, sc, v := streamSetup(t, 4)
 	flags := append(leaderFlags(), "--mode", "binlog", "--stream", sc.Stream, "--stream-partitions", "4")
 	leader := newRelayProc(t, relayArgs(t, db, b, flags...)...)
 	leader.start()
@@ -220,12 +213,7 @@ func TestLeaderFailoverSIGSTOPStream(t *testing.T) {
 func TestRunStreamConnectionCutExactlyOnce(t *testing.T) {
 	const total, cuts = 10_000, 3
 	heavy(t)
-	ctx := testenv.WorkContext(t)
-	db := privateDB(t)
-	b := testenv.RabbitMQ(t)
-	migrate(t, db.DSN)
-	sc := testStreams(t, b, 4)
-	v := consumeStreams(t, sc)
+	ctx, db, b, sc, v := streamSetup(t, 4)
 	u, err := url.Parse(sc.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -246,12 +234,7 @@ func TestRunStreamConnectionCutExactlyOnce(t *testing.T) {
 		t.Logf("cut %d at %d acknowledged rows, %d rows in the outbox", i+1, at, left)
 		floor = v.ExpectedCount() - left
 	}
-	if err := <-prodDone; err != nil {
-		t.Fatal(err)
-	}
-	if err := v.WaitComplete(ctx); err != nil {
-		t.Fatal(err)
-	}
+	finishLoad(ctx, t, prodDone, v)
 	testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox", 0)
 	t.Logf("%d messages through %d cuts: %d duplicates in the streams, %d published again and dropped by the broker",
 		total, cuts, v.Duplicates(), repeats(relay))

@@ -62,11 +62,7 @@ func bumpIDs(t *testing.T, sc streams.Config, prefix string, ahead uint64) {
 // producers). In each, every message arrives.
 func TestRunStreamNeverLosesToDeduplication(t *testing.T) {
 	t.Parallel()
-	ctx := testenv.WorkContext(t)
-	db := privateDB(t)
-	b := testenv.RabbitMQ(t)
-	migrate(t, db.DSN)
-	sc := testStreams(t, b, 2)
+	ctx, db, b, sc, _ := streamSetup(t, 2)
 	args := relayArgs(t, db, b, append(leaderFlags(), "--relay-name", "r1", "--stream", sc.Stream, "--stream-partitions", "2")...)
 	binlog := newRelayProc(t, append(args, "--mode", "binlog")...)
 	poll := newRelayProc(t, append(args, "--mode", "poll", "--poll-interval", "50ms")...)
