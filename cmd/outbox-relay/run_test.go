@@ -381,7 +381,7 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 	relay.start()
 	began := time.Now()
 
-	prodDone := crashLoad(ctx, db, v, b, total)
+	prodDone := crashLoad(ctx, db, v, b, total, 0)
 	// Kill thresholds: distinct-delivery counts; each kill waits a further
 	// 0-100 ms so it lands at an arbitrary point of publishing.
 	thresholds := killThresholds(total, kills)
@@ -434,14 +434,15 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 }
 
 // crashLoad writes the crash tests' stream of total messages over 100
-// keys into db's outbox in the background (telling v) and returns its end.
-// A transaction is a 500-row one with probability 1%: for 12,000 messages
+// keys into db's outbox in the background (telling v) and returns its end;
+// each of its 8 producers pauses pace after each transaction. A
+// transaction is a 500-row one with probability 1%: for 12,000 messages
 // about 4,500 one-row transactions and 90 of 500 rows.
-func crashLoad(ctx context.Context, db *testenv.DB, v *validator.Validator, b *testenv.Broker, total int) <-chan error {
+func crashLoad(ctx context.Context, db *testenv.DB, v *validator.Validator, b *testenv.Broker, total int, pace time.Duration) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		done <- testload.Run(ctx, db.SQL, v, testload.Load{
-			Producers: 8, Partitions: 100, Total: total, BigTxn: 500, BigShare: 0.01, Exchange: b.Exchange,
+			Producers: 8, Partitions: 100, Total: total, BigTxn: 500, BigShare: 0.01, Exchange: b.Exchange, Pace: pace,
 		})
 	}()
 	return done

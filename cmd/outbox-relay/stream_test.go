@@ -117,7 +117,10 @@ func TestRunStreamSurvivesSIGKILLExactlyOnce(t *testing.T) {
 	relay.waitLog(ctx, "tailing the binlog")
 	began := time.Now()
 
-	prodDone := crashLoad(ctx, db, v, b, total)
+	// The producers write about 1,500 rows a second, so the stream lasts
+	// through the kills and each kill lands while rows arrive and are
+	// published (a burst would be acknowledged before the later kills).
+	prodDone := crashLoad(ctx, db, v, b, total, 25*time.Millisecond)
 	// Kill thresholds: rows the relay has acknowledged (the consumer of the
 	// streams lags, so the relay's own progress decides); each kill waits a
 	// further 0-100 ms so it lands at an arbitrary point of publishing.
@@ -224,7 +227,7 @@ func TestRunStreamConnectionCutExactlyOnce(t *testing.T) {
 		"--stream-partitions", "4", "--stream-url", u.String())...)...)
 	relay.start()
 	relay.waitLog(ctx, "tailing the binlog")
-	prodDone := crashLoad(ctx, db, v, b, total)
+	prodDone := crashLoad(ctx, db, v, b, total, 20*time.Millisecond)
 	floor := 0
 	for i, th := range killThresholds(total, cuts) {
 		at := waitAcknowledged(ctx, t, db, v, relay, max(th, floor+200))

@@ -14,7 +14,9 @@ import (
 // destination): message-id, subject as type, content-type, creation-time as
 // timestamp, the application properties as headers (x-exchange and
 // x-routing-key as the delivery's exchange and routing key), the body. It
-// returns once every consumer is registered; stop closes them.
+// returns once every consumer is registered; stop closes them. Each
+// consumer asks for 200 chunks ahead: the relay's small batches make small
+// chunks, and the client's default credit reads them a round trip each.
 func ConsumeStreams(url string, streams []string, v *Validator) (stop func(), err error) {
 	env, err := stream.NewEnvironment(stream.NewEnvironmentOptions().SetUri(url))
 	if err != nil {
@@ -23,7 +25,7 @@ func ConsumeStreams(url string, streams []string, v *Validator) (stop func(), er
 	for _, name := range streams {
 		_, err := env.NewConsumer(name, func(_ stream.ConsumerContext, m *samqp.Message) {
 			v.Observe(StreamDelivery(m))
-		}, stream.NewConsumerOptions().SetOffset(stream.OffsetSpecification{}.Next()))
+		}, stream.NewConsumerOptions().SetOffset(stream.OffsetSpecification{}.Next()).SetInitialCredits(200))
 		if err != nil {
 			env.Close()
 			return nil, fmt.Errorf("validator: consume stream %s: %w", name, err)
