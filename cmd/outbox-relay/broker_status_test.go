@@ -26,6 +26,11 @@ func TestCLIStatusBroker(t *testing.T) {
 	}
 	proxy := testenv.Proxy(t, amqpURL.Host)
 	amqpURL.Host = proxy.Addr()
+	// A heartbeat of a minute: the client gives a silent connection up
+	// after one and a half (three half-intervals), not after 15 s (the
+	// default 10 s heartbeat), so a busy machine's status polls still find
+	// the stall, which status shows after 10 s, before the connection ends.
+	amqpURL.RawQuery = "heartbeat=60"
 	p := newRelayProc(t, relayArgs(t, db, b, append(leaderFlags(), "--amqp-url", amqpURL.String())...)...)
 	p.start()
 	defer p.kill()
