@@ -77,7 +77,7 @@ func (f *failoverRig) failover(t *testing.T) *sql.DB {
 	t.Cleanup(func() { db.Close() })
 	ctx := testenv.Context(t, time.Minute)
 	var from position.Position
-	if err := db.QueryRowContext(ctx, "SELECT COALESCE(flavor, ''), COALESCE(gtid_set, '') FROM outbox_relay_progress").
+	if err := db.QueryRowContext(ctx, "SELECT COALESCE(flavor, ''), COALESCE(gtid_set, '') FROM outbox_relay_progress WHERE relay_name = ?", relayNameFor(f.db.Name)).
 		Scan(&from.Flavor, &from.GTIDSet); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func lossyRig(ctx context.Context, t *testing.T, accept bool, tweak ...func(*Con
 	}
 	waitRows(ctx, t, f.db, "SELECT COUNT(*) FROM outbox", 0)
 	var stored string
-	if err := f.db.SQL.QueryRowContext(ctx, "SELECT gtid_set FROM outbox_relay_progress").Scan(&stored); err != nil {
+	if err := f.db.SQL.QueryRowContext(ctx, "SELECT gtid_set FROM outbox_relay_progress WHERE relay_name = ?", relayNameFor(f.db.Name)).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(ctx, t, f.rr, "holding the acknowledged position", func() bool {
@@ -318,9 +318,13 @@ func TestRelayFailoverToReplicaWithOtherDomain(t *testing.T) {
 	// The stored checkpoint now spans both domains.
 	var stored string
 	domains := func() int {
-		if err := rdb.QueryRowContext(ctx, "SELECT gtid_set FROM outbox_relay_progress").Scan(&stored); err != nil {
-			t.Fatal(err)
+		var set, file, mode sql.NullString
+		var pos sql.NullInt64
+		if err := rdb.QueryRowContext(ctx, "SELECT gtid_set, binlog_file, binlog_pos, mode FROM outbox_relay_progress WHERE relay_name = ?",
+			relayNameFor(f.db.Name)).Scan(&set, &file, &pos, &mode); err != nil || !set.Valid {
+			t.Fatalf("the stored checkpoint: gtid_set %v, binlog file %v pos %v, mode %v (%v): want a GTID set", set, file, pos, mode, err)
 		}
+		stored = set.String
 		if _, err := position.ParseGTIDSet(position.FlavorMariaDB, stored); err != nil {
 			t.Fatalf("stored gtid_set %q: %v", stored, err)
 		}
