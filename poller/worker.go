@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // worker owns one publish channel and one database connection (session.go)
@@ -15,7 +16,7 @@ import (
 type worker struct {
 	p       *Poller
 	id      int
-	ch      Channel
+	ch      *publish.Channel
 	conn    *sql.Conn // holds a poll lock; nil until the first round and after a failed one
 	used    time.Time // when conn was last handed to a round
 	cur     *cursor   // shared with the call's other workers
