@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/position"
 )
@@ -227,6 +228,15 @@ func TestProxyCutMidTransaction(t *testing.T) {
 	}
 
 	waitCovered(t, r, c, currentPosition(t, db.SQL), 60*time.Second)
+	// The rows may all have been read (buffered by the syncer) before the
+	// second fault ended the connection: the reconnect it forces comes
+	// after them. Wait for it before stopping, as a proof that both faults
+	// landed.
+	sctx, cancel := progress.Step(ctx)
+	defer cancel()
+	for retries.Load() < 2 && sctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if err := r.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}

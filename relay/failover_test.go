@@ -315,14 +315,19 @@ func TestRelayFailoverToReplicaWithOtherDomain(t *testing.T) {
 	}
 	waitRows(ctx, t, newDB, "SELECT COUNT(*) FROM outbox", 0)
 
-	// The stored checkpoint now spans both domains.
+	// The stored checkpoint now spans both domains. It may not be stored
+	// yet (positions are written every CheckpointInterval, and a busy
+	// machine may have killed the primary before its relay wrote one): no
+	// set yet counts as no domain.
 	var stored string
 	domains := func() int {
-		var set, file, mode sql.NullString
-		var pos sql.NullInt64
-		if err := rdb.QueryRowContext(ctx, "SELECT gtid_set, binlog_file, binlog_pos, mode FROM outbox_relay_progress WHERE relay_name = ?",
-			relayNameFor(f.db.Name)).Scan(&set, &file, &pos, &mode); err != nil || !set.Valid {
-			t.Fatalf("the stored checkpoint: gtid_set %v, binlog file %v pos %v, mode %v (%v): want a GTID set", set, file, pos, mode, err)
+		var set sql.NullString
+		if err := rdb.QueryRowContext(ctx, "SELECT gtid_set FROM outbox_relay_progress WHERE relay_name = ?",
+			relayNameFor(f.db.Name)).Scan(&set); err != nil {
+			t.Fatalf("the stored checkpoint: %v", err)
+		}
+		if !set.Valid {
+			return 0
 		}
 		stored = set.String
 		if _, err := position.ParseGTIDSet(position.FlavorMariaDB, stored); err != nil {
