@@ -14,8 +14,6 @@ GO        ?= go
 # for a whole workload (their waits fail when nothing moves for
 # internal/progress.Patience), so the binary's -timeout is only the last
 # guard against a hang, far above what a slow machine needs.
-# (Within a package, the relay package's tests, which mostly wait, run
-# four at a time: its TestMain says so, testenv.Parallel.)
 TEST_P    ?= 2
 TEST_FLAGS ?= -count=1 -timeout 45m -p $(TEST_P)
 # go test runs packages in the order given: the two longest (relay, about

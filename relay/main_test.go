@@ -17,13 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 )
 
-// The relay tests mostly wait (on faults, leases, a broker), and each
-// parallel one runs on a database of its own under a relay name of its own
-// (relayNameFor): four at a time.
-func TestMain(m *testing.M) {
-	testenv.Parallel(4)
-	os.Exit(testenv.Main(m))
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // setup gives a test a migrated database and its own exchange and queue.
 func setup(t *testing.T) (*testenv.DB, *testenv.Broker) {

@@ -212,6 +212,15 @@ func TestSchemaChangeBinlogModeFails(t *testing.T) {
 	load := startLoad(ctx, db, b, v, 0)
 	odd.write(ctx, t, db.SQL, "message_type", 5)
 	load.stop(t)
+	// A checkpoint stored before the rename: a term that ends meanwhile (a
+	// busy machine's lost lease) resumes from it and reads the rename from
+	// the binlog, instead of a first start whose polling sweep would
+	// deliver the rows by name and never see the table map.
+	waitFor(ctx, t, rr, "a stored checkpoint", func() bool {
+		var set sql.NullString
+		err := db.SQL.QueryRowContext(ctx, "SELECT gtid_set FROM outbox_relay_progress WHERE relay_name = ?", relayNameFor(db.Name)).Scan(&set)
+		return err == nil && set.Valid && set.String != ""
+	})
 	exec(ctx, t, db.SQL, "ALTER TABLE outbox CHANGE message_type acc_msg_type VARCHAR(255) NOT NULL")
 	odd.write(ctx, t, db.SQL, "acc_msg_type", 5)
 	exec(ctx, t, db.SQL, "ALTER TABLE outbox CHANGE acc_msg_type message_type VARCHAR(255) NOT NULL")
