@@ -256,23 +256,33 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return res, nil
 }
 
-// open connects bench to the database (migrated) and to the broker, with
-// an exchange and a queue of its own (and the full queue when a "+full"
-// shape is measured); close undoes it.
-func open(ctx context.Context, cfg Config) (*bencher, error) {
+// openDB opens a pool on cfg's database (times parsed as UTC) and applies
+// the migrations; the caller closes it.
+func openDB(ctx context.Context, cfg Config) (*sql.DB, error) {
 	opts := cfg.MySQL
 	opts.DSN = cfg.MySQLDSN
 	target, err := mysqlconn.New(opts)
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, err
 	}
 	db, err := target.OpenDB(func(dsn *mysql.Config) { dsn.ParseTime, dsn.Loc = true, time.UTC })
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, err
 	}
 	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("bench: migrate: %w", err)
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	return db, nil
+}
+
+// open connects bench to the database (migrated) and to the broker, with
+// an exchange and a queue of its own (and the full queue when a "+full"
+// shape is measured); close undoes it.
+func open(ctx context.Context, cfg Config) (*bencher, error) {
+	db, err := openDB(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	// Exchange and queue names unique to this bench: a shared broker may
 	// serve other benches and tests at the same time.

@@ -13,11 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -77,20 +74,11 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	opts := cfg.MySQL
-	opts.DSN = cfg.MySQLDSN
-	target, err := mysqlconn.New(opts)
-	if err != nil {
-		return nil, fmt.Errorf("bench soak: %w", err)
-	}
-	db, err := target.OpenDB(func(dsn *mysql.Config) { dsn.ParseTime, dsn.Loc = true, time.UTC })
+	db, err := openDB(ctx, cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("bench soak: %w", err)
 	}
 	defer db.Close()
-	if _, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil {
-		return nil, fmt.Errorf("bench soak: migrate: %w", err)
-	}
 	res := &SoakResult{Machine: machine(ctx, db), Rate: cfg.Rate, DurationS: cfg.Duration.Seconds(),
 		PayloadBytes: cfg.PayloadBytes, RelayFlags: cfg.RelayFlags}
 	for _, mode := range cfg.Modes {
