@@ -35,28 +35,19 @@ func (p *pipeline) watchSettings(ctx context.Context, stop <-chan struct{}) {
 	)
 	var rows int64 = -1 // outbox rows read at the last look; -1: look now
 	for {
-		if n := p.rowsRead.Load(); n == rows {
-			select {
-			case <-stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			continue
-		} else {
+		if n := p.rowsRead.Load(); n != rows {
 			rows = n
-		}
-		s, err := r.readSettings(ctx)
-		switch {
-		case err != nil:
-			r.log.Debug("binlog settings not read", zap.Error(err))
-		case !haveLast && len(s.Problems()) == 0:
-			last, haveLast = s, true // as the start-up check saw them
-		case !haveLast || s != last:
-			last, haveLast = s, true
-			if p.settingsChanged(ctx, s) {
-				return
+			s, err := r.readSettings(ctx)
+			switch {
+			case err != nil:
+				r.log.Debug("binlog settings not read", zap.Error(err))
+			case !haveLast && len(s.Problems()) == 0:
+				last, haveLast = s, true // as the start-up check saw them
+			case !haveLast || s != last:
+				last, haveLast = s, true
+				if p.settingsChanged(ctx, s) {
+					return
+				}
 			}
 		}
 		select {
