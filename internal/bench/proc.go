@@ -97,24 +97,40 @@ func brokerPID(amqpURL string) int {
 	return listenerPID(p)
 }
 
-// listenerPID finds the process owning a listening TCP socket on port: the
-// socket's inode in /proc/net/tcp{,6}, then the /proc/<pid>/fd link to it.
-func listenerPID(port int) int {
+// Columns of /proc/net/tcp{,6} and the socket states socketInodes matches.
+const (
+	localAddr, remoteAddr = 1, 2
+	tcpEstablished        = "01"
+	tcpListen             = "0A"
+)
+
+// socketInodes returns the sockets of the TCP tables in dir (/proc/net, or
+// /proc/<pid>/net for a process's network namespace) in state whose
+// address in column addr has port, as the /proc/<pid>/fd links to them
+// read ("socket:[inode]").
+func socketInodes(dir string, addr, port int, state string) map[string]bool {
 	inodes := map[string]bool{}
 	want := fmt.Sprintf(":%04X", port)
-	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		b, err := os.ReadFile(f)
+	for _, f := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n")[1:] {
 			fs := strings.Fields(line)
-			// local_address rem_address st ... inode (10th field)
-			if len(fs) >= 10 && strings.HasSuffix(fs[1], want) && fs[3] == "0A" {
+			// sl local_address rem_address st ... inode (10th field)
+			if len(fs) >= 10 && strings.HasSuffix(fs[addr], want) && fs[3] == state {
 				inodes["socket:["+fs[9]+"]"] = true
 			}
 		}
 	}
+	return inodes
+}
+
+// listenerPID finds the process owning a listening TCP socket on port: the
+// socket's inode in /proc/net/tcp{,6}, then the /proc/<pid>/fd link to it.
+func listenerPID(port int) int {
+	inodes := socketInodes("/proc/net", localAddr, port, tcpListen)
 	if len(inodes) == 0 {
 		return 0
 	}

@@ -147,21 +147,7 @@ func (p *prober) connsTo(fds []os.DirEntry) int {
 	if p.dbPort == 0 {
 		return 0
 	}
-	want := fmt.Sprintf(":%04X", p.dbPort)
-	inodes := map[string]bool{}
-	for _, f := range []string{"tcp", "tcp6"} {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", p.pid, f))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n")[1:] {
-			fs := strings.Fields(line)
-			// sl local_address rem_address st ... inode (10th field)
-			if len(fs) >= 10 && strings.HasSuffix(fs[2], want) && fs[3] == "01" {
-				inodes["socket:["+fs[9]+"]"] = true
-			}
-		}
-	}
+	inodes := socketInodes(fmt.Sprintf("/proc/%d/net", p.pid), remoteAddr, p.dbPort, tcpEstablished)
 	n := 0
 	for _, fd := range fds {
 		link, err := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", p.pid), fd.Name()))
