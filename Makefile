@@ -28,23 +28,12 @@ TEST_PKGS ?= ./relay/ ./cmd/... ./...
 build:
 	$(GO) build -o bin/outbox-relay ./cmd/outbox-relay
 
-# The RabbitMQ cluster faults (about 2 minutes, mostly waiting on the
-# cluster) run in a test process of their own, beside the rest, when
-# TEST_PKGS holds the relay package: within it they would run after its
-# other tests, on the critical path.
-CLUSTER_TESTS = ^TestRelayOnCluster$$
-
-# A missing service fails the tests here as in CI: never a skip.
+# A missing service fails the tests here as in CI: never a skip. The
+# RabbitMQ cluster faults and the relay's heap test run in test processes of
+# their own beside the rest (scripts/test.sh says why).
 test:
 	scripts/ensure-services.sh
-	@cluster=; case " $(TEST_PKGS) " in *" ./relay/ "*|*" ./... "*) \
-		echo "OUTBOX_REQUIRE_INTEGRATION=1 $(GO) test $(TEST_FLAGS) -run '$(CLUSTER_TESTS)' ./relay/ (in the background)"; \
-		OUTBOX_REQUIRE_INTEGRATION=1 $(GO) test $(TEST_FLAGS) -run '$(CLUSTER_TESTS)' ./relay/ & cluster=$$!;; \
-	esac; \
-	echo "OUTBOX_REQUIRE_INTEGRATION=1 $(GO) test $(TEST_FLAGS) -skip '$(CLUSTER_TESTS)' $(TEST_PKGS)"; \
-	OUTBOX_REQUIRE_INTEGRATION=1 $(GO) test $(TEST_FLAGS) -skip '$(CLUSTER_TESTS)' $(TEST_PKGS); rest=$$?; \
-	cl=0; if [ -n "$$cluster" ]; then wait $$cluster; cl=$$?; fi; \
-	[ $$rest -eq 0 ] && [ $$cl -eq 0 ]
+	GO='$(GO)' TEST_FLAGS='$(TEST_FLAGS)' TEST_PKGS='$(TEST_PKGS)' scripts/test.sh
 
 demo:
 	scripts/demo.sh

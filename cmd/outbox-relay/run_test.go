@@ -50,7 +50,9 @@ func relayBinary(t *testing.T) string {
 		}
 		bin := filepath.Join(dir, "outbox-relay")
 		cmd := exec.Command("go", "build", "-ldflags", "-X main.version=9.9.9-test", "-o", bin, ".")
-		cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+		// GOFLAGS as the tests were built (make test: -trimpath, so
+		// the build reuses their compiled packages), without VCS stamps.
+		cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -buildvcs=false"))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			relayBin.err = fmt.Errorf("go build: %v\n%s", err, out)
 			return

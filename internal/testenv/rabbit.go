@@ -1,13 +1,17 @@
 package testenv
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
@@ -134,8 +138,25 @@ func (b *Broker) cleanup(f func(*amqp.Channel) error) error {
 	return withChannel(conn, f)
 }
 
+// A connection the broker does not complete within amqpDialTimeout is tried
+// again until progress.Patience has passed: a broker slowed by a busy
+// machine answers late, it is not down. A refused connection or a refusal
+// by the broker is returned at once.
 func dialAMQP(url string) (*amqp.Connection, error) {
-	return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(amqpDialTimeout)})
+	deadline := time.Now().Add(progress.Patience)
+	for {
+		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(amqpDialTimeout)})
+		if err == nil || !timedOut(err) || time.Now().After(deadline) {
+			return conn, err
+		}
+	}
+}
+
+// timedOut tells whether err is a network timeout (amqp091 reports one met
+// during the handshake as a 501 error carrying the message only).
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || strings.Contains(err.Error(), "i/o timeout")
 }
 
 // withChannel runs f on a new channel. A channel error closes the channel, so
