@@ -25,6 +25,12 @@ const ClusterSize = 3
 // generous, so that only a cluster that is stuck fails it.
 const clusterSettleTimeout = progress.Patience
 
+// ctlPollInterval is the pause between two conditions asked of rabbitmqctl.
+// Each call starts an Erlang VM (about a second of CPU): asked back to back,
+// they take a core from the nodes being waited on (the suite's whole
+// RabbitMQ CLI time was over a minute of CPU).
+const ctlPollInterval = 2 * time.Second
+
 // RabbitCluster is a private cluster of ClusterSize RabbitMQ nodes on this
 // machine: private nodes (see RabbitNode) with a shared Erlang cookie,
 // joined with rabbitmqctl join_cluster. Quorum queues declared on it have a
@@ -180,7 +186,7 @@ func (c *RabbitCluster) Restore(t testing.TB) {
 		if time.Now().After(deadline) {
 			t.Fatalf("testenv: RabbitMQ cluster not whole within %v: %s", clusterSettleTimeout, why)
 		}
-		time.Sleep(rabbitPollInterval * 4) // polling a condition
+		time.Sleep(ctlPollInterval) // polling a condition
 	}
 }
 
@@ -271,7 +277,7 @@ func (c *RabbitCluster) QuorumLeader(t testing.TB, queue string) int {
 		if time.Now().After(deadline) {
 			t.Fatalf("testenv: quorum queue %s has no leader among %v: %+v", queue, c.nodes, qs)
 		}
-		time.Sleep(rabbitPollInterval * 4) // polling a condition
+		time.Sleep(ctlPollInterval) // polling a condition
 	}
 }
 
