@@ -16,12 +16,12 @@ import (
 )
 
 // The relay's AMQP connection is cut three times through a fault proxy while
-// 20,000 messages flow (the second time the proxy also refuses connections
+// 8,000 messages flow (the second time the proxy also refuses connections
 // for a second): every message arrives, first deliveries stay in commit order
 // per partition, and the outbox ends empty.
 func TestRelaySurvivesBrokerCut(t *testing.T) {
 	t.Parallel()
-	const total = 20_000
+	const total = 8_000
 	db, b := setup(t)
 	v := consume(t, b, b.Queue) // directly on the broker: only the relay's connection is cut
 	proxy := testenv.Proxy(t, brokerAddr(t, b.URL))
@@ -35,7 +35,7 @@ func TestRelaySurvivesBrokerCut(t *testing.T) {
 		at     int           // distinct messages seen before it
 		refuse time.Duration // also refuse connections this long
 	}
-	faults := []fault{{at: 2_000}, {at: 7_000, refuse: time.Second}, {at: 13_000}}
+	faults := []fault{{at: 1_000}, {at: 3_000, refuse: time.Second}, {at: 5_000}}
 	injected := make(chan error, 1)
 	go func() {
 		injected <- func() error {
