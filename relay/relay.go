@@ -178,6 +178,10 @@ func New(cfg Config) (*Relay, error) {
 	r.tablesShape = func(ctx context.Context) error { return migrations.Current(ctx, r.db, r.cfg.Table) }
 	r.readSettings = func(ctx context.Context) (canal.Settings, error) { return canal.ReadSettings(ctx, r.db) }
 	r.openBinlog = r.openBinlogPub
+	if cfg.Stream.Enabled() {
+		r.openBinlog = r.openStreamPub
+		r.openPoll = r.openStreamPolling
+	}
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
 	r.canal.OwnServerID = elector.Led

@@ -10,6 +10,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/position"
 	"github.com/outbox-relay/outbox-relay/publish"
+	"github.com/outbox-relay/outbox-relay/streams"
 )
 
 // The seams of the relay: what a leader term consumes, each as the few
@@ -122,7 +123,8 @@ type rounds interface {
 }
 
 // termPublisher is what Ready, BrokerNode and the broker watch ask of the
-// current term's publisher (*publish.Publisher), in memory.
+// current term's publisher (*publish.Publisher, or *streams.Publisher with
+// the stream destination), in memory.
 type termPublisher interface {
 	// Node is the broker node it is connected to ("" when not).
 	Node() string
@@ -185,6 +187,7 @@ var (
 	_ delayedSweeper  = (*poller.DelayedSweeper)(nil)
 	_ binlogPublisher = binlogPub{}
 	_ termPublisher   = (*publish.Publisher)(nil)
+	_ termPublisher   = (*streams.Publisher)(nil)
 )
 
 // canalBinlog is the production binlogServer: the relay's pool for the
@@ -239,7 +242,7 @@ func (b binlogPub) NewSink(onResult func(publish.Result)) (sink, error) {
 }
 
 func (b binlogPub) Drainer() (drainer, error) {
-	d, err := b.r.newPoller(b.Publisher, b.leader)
+	d, err := b.r.newPoller(poller.AMQP(b.Publisher), b.leader)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +250,7 @@ func (b binlogPub) Drainer() (drainer, error) {
 }
 
 func (b binlogPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
-	pl, err := b.r.newPoller(b.Publisher, b.leader)
+	pl, err := b.r.newPoller(poller.AMQP(b.Publisher), b.leader)
 	if err != nil {
 		return nil, 0, err
 	}

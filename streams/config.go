@@ -1,0 +1,104 @@
+package streams
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/redact"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPort is the stream protocol's port (the AMQP URL's host is
+	// reused with it when Config.URL is empty).
+	DefaultPort = 5552
+	// DefaultConfirmTimeout is how long a message may wait for its
+	// confirmation before the producer fails.
+	DefaultConfirmTimeout = 30 * time.Second
+	// MaxPartitions bounds Config.Partitions: one producer (and one lane)
+	// per partition.
+	MaxPartitions = 256
+)
+
+// Config is the stream destination.
+type Config struct {
+	// Stream (--stream) is the super stream's name: the partitions are
+	// Stream-0 … Stream-(Partitions-1). Empty: the destination is off.
+	Stream string
+	// Partitions (--stream-partitions) is N, at least 1.
+	Partitions int
+	// URL (--stream-url) is rabbitmq-stream://user:pass@host:5552/vhost;
+	// empty: derived from the AMQP URL (FromAMQP).
+	URL string
+	// Producer is the prefix of the producers' names: partition i is
+	// published by "<Producer>-<i>" (the relay name).
+	Producer string
+	// Window is the most unconfirmed messages per partition.
+	Window int
+	// ConfirmTimeout is how long a message may wait for its confirmation.
+	ConfirmTimeout time.Duration
+	// Password, when not empty, replaces the URL's password (read from a
+	// password file by the caller).
+	Password string
+}
+
+// Enabled reports whether a stream is configured.
+func (c Config) Enabled() bool { return c.Stream != "" }
+
+// PartitionName is the stream of partition i: "<Stream>-<i>".
+func (c Config) PartitionName(i int) string { return c.Stream + "-" + strconv.Itoa(i) }
+
+// ProducerName is the producer of partition i: "<Producer>-<i>".
+func (c Config) ProducerName(i int) string { return c.Producer + "-" + strconv.Itoa(i) }
+
+// Validate checks c; the errors name the flag to fix.
+func (c Config) Validate() error {
+	if !c.Enabled() {
+		if c.Partitions > 1 {
+			return errors.New("--stream-partitions is set but --stream is not: name the super stream with --stream NAME")
+		}
+		return nil
+	}
+	if strings.TrimSpace(c.Stream) != c.Stream || len(c.Stream) > 240 {
+		return fmt.Errorf("--stream %q: a stream name without surrounding spaces, at most 240 characters", c.Stream)
+	}
+	if c.Partitions < 1 || c.Partitions > MaxPartitions {
+		return fmt.Errorf("--stream-partitions %d: between 1 and %d", c.Partitions, MaxPartitions)
+	}
+	if c.Producer == "" {
+		return errors.New("stream destination: the producer name prefix (the relay name) is empty")
+	}
+	if c.Window < 1 {
+		return fmt.Errorf("stream destination: confirm window %d: at least 1", c.Window)
+	}
+	if _, err := url.Parse(c.URL); err != nil || !strings.HasPrefix(c.URL, "rabbitmq-stream") {
+		return fmt.Errorf("--stream-url %s: the form is rabbitmq-stream://user:pass@host:5552/vhost (rabbitmq-stream+tls:// for TLS)", redact.URL(c.URL))
+	}
+	return nil
+}
+
+// FromAMQP derives the stream URL from an AMQP URL (the first of a
+// comma-separated list): same user, password, host and vhost, port 5552
+// (rabbitmq-stream://), or 5551 for amqps (rabbitmq-stream+tls://).
+func FromAMQP(amqpURL string) (string, error) {
+	first, _, _ := strings.Cut(amqpURL, ",")
+	u, err := url.Parse(strings.TrimSpace(first))
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("derive the stream URL from the AMQP URL %s: it does not parse; set --stream-url", redact.URL(first))
+	}
+	scheme, port := "rabbitmq-stream", DefaultPort
+	if u.Scheme == "amqps" {
+		scheme, port = "rabbitmq-stream+tls", 5551
+	}
+	u.Scheme = scheme
+	u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(port))
+	if u.Path == "" {
+		u.Path = "/"
+	}
+	return u.String(), nil
+}

@@ -1,0 +1,268 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+
+	"github.com/outbox-relay/outbox-relay/publish"
+)
+
+// Producer publishes into one partition stream under one producer name.
+// Publish sends asynchronously, and every message it accepted gets exactly
+// one publish.Result through the callback given with it, unless the
+// Producer fails or is closed first. Publish may be called from several
+// goroutines: the id is assigned and the message queued under one lock, so
+// ids reach the broker in increasing order. Results come from the
+// Producer's own goroutine, in publishing-id order.
+type Producer struct {
+	name, stream string
+	p            *stream.Producer
+	window       chan struct{} // one token per unconfirmed message
+
+	sendMu sync.Mutex // held from assigning an id to queueing the message
+
+	mu      sync.Mutex
+	tags    map[int64]waiting // publishing id → the message's tag and callback, of unconfirmed messages
+	last    uint64            // the highest id sent
+	err     error
+	failed  chan struct{} // closed at the first failure
+	idle    chan struct{} // closed and replaced whenever tags empties
+	done    chan struct{} // closed when the confirmation loop ends
+	closing bool
+
+	// aboveBroker: numbered has made it start above the broker's last id
+	// (Publisher.mu).
+	aboveBroker bool
+}
+
+// waiting is an unconfirmed message's tag and callback.
+type waiting struct {
+	tag any
+	cb  func(publish.Result)
+	at  time.Time // when it was sent
+}
+
+// ErrFailed is matched (errors.Is) by every failure of a Producer: a
+// message the broker did not confirm, the connection lost, the producer
+// closed under it. So is publish.ErrClosed.
+var ErrFailed = errors.New("stream producer failed")
+
+func newProducer(p *stream.Producer, name, streamName string, window int) *Producer {
+	pr := &Producer{
+		name: name, stream: streamName, p: p,
+		window: make(chan struct{}, window), tags: map[int64]waiting{},
+		failed: make(chan struct{}), idle: make(chan struct{}), done: make(chan struct{}),
+	}
+	go pr.confirmations(p.NotifyPublishConfirmation(), p.NotifyClose())
+	return pr
+}
+
+// Name is the producer's name ("<relay-name>-<i>").
+func (pr *Producer) Name() string { return pr.name }
+
+// Failed is closed once the producer has failed; Err says why.
+func (pr *Producer) Failed() <-chan struct{} { return pr.failed }
+
+// Err is why the producer failed (wrapping ErrFailed), nil before.
+func (pr *Producer) Err() error {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.err
+}
+
+// Last is the highest publishing id sent so far (0 before the first).
+func (pr *Producer) Last() uint64 {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.last
+}
+
+// StartAbove makes the ids Publish assigns (m.Seq 0) start above last,
+// when that is above the highest sent so far: the broker's last id for
+// this producer, so that no message is dropped as a false duplicate.
+func (pr *Producer) StartAbove(last uint64) {
+	pr.sendMu.Lock()
+	defer pr.sendMu.Unlock()
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	pr.last = max(pr.last, last)
+}
+
+// Publish sends m with publishing id m.Seq, or, when m.Seq is 0, with the id
+// after the highest sent so far; cb gets its result. Ids must strictly
+// increase: an id at or below the highest sent is refused (the broker would
+// drop the message as a duplicate). It blocks while Config.Window messages
+// are unconfirmed and returns ctx's error when ctx ends first, and the
+// failure once the producer has failed.
+func (pr *Producer) Publish(ctx context.Context, m publish.Message, cb func(publish.Result)) error {
+	select {
+	case pr.window <- struct{}{}:
+	case <-pr.failed:
+		return pr.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	pr.sendMu.Lock()
+	defer pr.sendMu.Unlock()
+	pr.mu.Lock()
+	if pr.err != nil {
+		pr.mu.Unlock()
+		<-pr.window
+		return pr.err
+	}
+	id := m.Seq
+	if id == 0 {
+		id = pr.last + 1
+	}
+	if id <= pr.last {
+		pr.mu.Unlock()
+		<-pr.window
+		return fmt.Errorf("stream producer %s: publishing id %d is not above the last sent, %d: the broker would drop it", pr.name, id, pr.last)
+	}
+	pr.last = id
+	pr.tags[int64(id)] = waiting{tag: m.Tag, cb: cb, at: time.Now()}
+	pr.mu.Unlock()
+	// Send only queues (the client batches); order of Send calls is the
+	// order on the wire.
+	if err := pr.p.Send(Encode(m, id)); err != nil && !errors.Is(err, stream.FrameTooLarge) {
+		pr.fail(fmt.Errorf("send publishing id %d to %s: %w", id, pr.stream, err))
+		return pr.Err()
+	}
+	return nil
+}
+
+// confirmations resolves messages as the broker confirms them (also those it
+// dropped as duplicates: they are stored already). A message too large for
+// a frame is Returned (it goes to outbox_failed; its id stays unused, which
+// the broker allows). Anything else unconfirmed, or the producer closed
+// under it, fails the producer.
+func (pr *Producer) confirmations(confirms stream.ChannelPublishConfirm, closed stream.ChannelClose) {
+	defer close(pr.done)
+	for {
+		select {
+		case batch, ok := <-confirms:
+			if !ok {
+				pr.fail(fmt.Errorf("producer %s on %s: confirmations ended", pr.name, pr.stream))
+				return
+			}
+			for _, cs := range batch {
+				pr.resolve(cs)
+			}
+		case ev, ok := <-closed:
+			if !ok {
+				pr.fail(fmt.Errorf("producer %s on %s closed", pr.name, pr.stream))
+				return
+			}
+			pr.fail(fmt.Errorf("producer %s on %s closed: %s %v", pr.name, pr.stream, ev.Reason, ev.Err))
+			return
+		}
+	}
+}
+
+func (pr *Producer) resolve(cs *stream.ConfirmationStatus) {
+	id := cs.GetPublishingId()
+	pr.mu.Lock()
+	w, ok := pr.tags[id]
+	tag := w.tag
+	if !ok {
+		pr.mu.Unlock()
+		return
+	}
+	var res publish.Result
+	switch {
+	case cs.IsConfirmed():
+		res = publish.Result{Tag: tag, Outcome: publish.Confirmed}
+	case errors.Is(cs.GetError(), stream.FrameTooLarge):
+		res = publish.Result{Tag: tag, Outcome: publish.Returned, Reason: "message too large for a stream frame: " + cs.GetError().Error()}
+	default:
+		pr.mu.Unlock()
+		pr.fail(fmt.Errorf("publishing id %d on %s not confirmed: %v (code %d)", id, pr.stream, cs.GetError(), cs.GetErrorCode()))
+		return
+	}
+	delete(pr.tags, id)
+	if len(pr.tags) == 0 {
+		close(pr.idle)
+		pr.idle = make(chan struct{})
+	}
+	pr.mu.Unlock()
+	<-pr.window
+	w.cb(res)
+}
+
+// ConfirmWait is how long the oldest unconfirmed message has waited (0
+// when none is unconfirmed).
+func (pr *Producer) ConfirmWait() time.Duration {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	var oldest time.Time
+	for _, w := range pr.tags {
+		if oldest.IsZero() || w.at.Before(oldest) {
+			oldest = w.at
+		}
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return time.Since(oldest)
+}
+
+// fail records the first failure; the caller restarts from its checkpoint.
+func (pr *Producer) fail(err error) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.err != nil || pr.closing {
+		return
+	}
+	pr.err = &failure{fmt.Errorf("stream producer %s failed: %w", pr.name, err)}
+	close(pr.failed)
+}
+
+// failure is a Producer's failure: it matches ErrFailed and
+// publish.ErrClosed (the producer publishes nothing more; a poller ends its
+// run on it, so the relay restarts the term).
+type failure struct{ err error }
+
+func (f *failure) Error() string { return f.err.Error() }
+func (f *failure) Unwrap() error { return f.err }
+func (f *failure) Is(target error) bool {
+	return target == ErrFailed || target == publish.ErrClosed
+}
+
+// Flush waits until every message sent has its result; it returns the
+// failure when the producer fails first, ctx's error when ctx ends.
+func (pr *Producer) Flush(ctx context.Context) error {
+	for {
+		pr.mu.Lock()
+		n, idle, err := len(pr.tags), pr.idle, pr.err
+		pr.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-idle:
+		case <-pr.failed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Close closes the producer; messages without a result get none.
+func (pr *Producer) Close() error {
+	pr.mu.Lock()
+	pr.closing = true
+	pr.mu.Unlock()
+	err := pr.p.Close()
+	if err != nil && !errors.Is(err, stream.AlreadyClosed) {
+		return fmt.Errorf("close stream producer %s: %w", pr.name, err)
+	}
+	return nil
+}
