@@ -42,9 +42,29 @@ type Config struct {
 	Window int
 	// ConfirmTimeout is how long a message may wait for its confirmation.
 	ConfirmTimeout time.Duration
-	// Password, when not empty, replaces the URL's password (read from a
-	// password file by the caller).
-	Password string
+	// PasswordFile (--amqp-password-file), when not empty, holds the
+	// password of the URL's user; it is read at every Dial and put into the
+	// URL the client dials (the client takes the credentials from the URL
+	// only).
+	PasswordFile string
+}
+
+// dialURL is the URL the client dials: URL with PasswordFile's password.
+// Errors name the file, never the password.
+func (c Config) dialURL() (string, error) {
+	if c.PasswordFile == "" {
+		return c.URL, nil
+	}
+	pw, err := redact.ReadPasswordFile(c.PasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("read the stream connection's password (--amqp-password-file): %w", err)
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return "", fmt.Errorf("--stream-url %s does not parse", redact.URL(c.URL))
+	}
+	u.User = url.UserPassword(u.User.Username(), pw)
+	return u.String(), nil
 }
 
 // Enabled reports whether a stream is configured.

@@ -14,6 +14,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
+// rpcTimeout bounds each request to the broker (the client's own timeout).
+const rpcTimeout = 10 * time.Second
+
 // Publisher is one connection to the broker's stream protocol (a
 // stream.Environment) and the producers opened on it.
 type Publisher struct {
@@ -29,10 +32,11 @@ type Publisher struct {
 // cluster): the stream protocol would otherwise connect producers to the
 // node name the broker advertises, which need not resolve from here.
 func Dial(cfg Config) (*Publisher, error) {
-	opts := stream.NewEnvironmentOptions().SetUri(cfg.URL).SetRPCTimeout(10 * time.Second)
-	if cfg.Password != "" {
-		opts.SetPassword(cfg.Password)
+	uri, err := cfg.dialURL()
+	if err != nil {
+		return nil, err
 	}
+	opts := stream.NewEnvironmentOptions().SetUri(uri).SetRPCTimeout(rpcTimeout)
 	if u, err := url.Parse(cfg.URL); err == nil && u.Hostname() != "" {
 		port := u.Port()
 		if port == "" {

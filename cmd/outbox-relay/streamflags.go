@@ -2,8 +2,7 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"strings"
+	"net/url"
 
 	"go.uber.org/zap"
 
@@ -36,12 +35,11 @@ func streamConfig(cfg *relay.Config) error {
 			return usagef("%v", err)
 		}
 		s.URL = u
-		if file := cfg.AMQPOptions.PasswordFile; file != "" {
-			b, err := os.ReadFile(file)
-			if err != nil {
-				return usagef("--amqp-password-file %s (the stream connection's password): %v", file, err)
-			}
-			s.Password = strings.TrimRight(string(b), "\r\n")
+	}
+	if u, err := url.Parse(s.URL); err == nil {
+		if _, has := u.User.Password(); !has {
+			// Read at every dial, as the AMQP connection does.
+			s.PasswordFile = cfg.AMQPOptions.PasswordFile
 		}
 	}
 	if err := s.Validate(); err != nil {
