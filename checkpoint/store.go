@@ -131,6 +131,12 @@ type StreamIDs struct {
 	Stream     string   `json:"stream"`
 	Partitions int      `json:"partitions"`
 	IDs        []uint64 `json:"ids"`
+	// Server is the identity of the database server whose binlog the
+	// position and ids were read from (its server_uuid, or server_id
+	// where there is none): another server may order the same
+	// transactions differently, so a term on another server does not
+	// continue the ids.
+	Server string `json:"server,omitempty"`
 }
 
 // encodeStreamIDs is the column value of ids (nil: NULL).
@@ -293,6 +299,18 @@ func (s *Store) SetMode(ctx context.Context, epoch int64, mode, reason string) e
 	if err := s.fencedUpdate(ctx, epoch, `UPDATE outbox_relay_progress SET mode = COALESCE(?, mode), mode_reason = ?
 		WHERE relay_name = ? AND epoch = ?`, nullIfEmpty(mode), truncate(reason, 1024), s.cfg.RelayName, epoch); err != nil {
 		return fmt.Errorf("record mode %q of relay %q: %w", mode, s.cfg.RelayName, err)
+	}
+	return nil
+}
+
+// ClearStreamIDs sets the stored stream publishing ids to NULL, fenced by
+// epoch: a term whose ids do not continue them does so before it publishes
+// anything through the producers, so that no later term continues ids this
+// one pushed the producers past.
+func (s *Store) ClearStreamIDs(ctx context.Context, epoch int64) error {
+	if err := s.fencedUpdate(ctx, epoch, `UPDATE outbox_relay_progress SET stream_ids = NULL
+		WHERE relay_name = ? AND epoch = ?`, s.cfg.RelayName, epoch); err != nil {
+		return fmt.Errorf("clear the stored stream publishing ids of relay %q: %w", s.cfg.RelayName, err)
 	}
 	return nil
 }

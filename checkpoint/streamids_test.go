@@ -1,6 +1,7 @@
 package checkpoint_test
 
 import (
+	"errors"
 	"reflect"
 	"testing"
 	"time"
@@ -68,5 +69,36 @@ func TestAckStoresStreamIDsWithThePosition(t *testing.T) {
 	}
 	if p, _ = store.Load(ctx); p.Position.GTIDSet != "0-1-5" || p.StreamIDs != nil {
 		t.Fatalf("after checkpoint set: %s %+v", p.Position.GTIDSet, p.StreamIDs)
+	}
+}
+
+// A term whose publishing ids do not continue the stored ones clears them,
+// fenced by its epoch, before it publishes (so no later term continues ids
+// it pushed the producers past); the server the ids were read on is stored
+// with them.
+func TestClearStreamIDsIsFenced(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	db := leaderDB(ctx, t)
+	store, leader := leading(ctx, t, db)
+	epoch := leader.Epoch()
+	pos := position.Position{Flavor: position.FlavorMariaDB, GTIDSet: "0-1-10"}
+	ids := &checkpoint.StreamIDs{Stream: "orders", Partitions: 2, IDs: []uint64{7, 12}, Server: "server_id:1"}
+	if err := store.Ack(ctx, epoch, checkpoint.Ack{Pos: pos, HasPos: true, StreamIDs: ids}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := store.Load(ctx); !reflect.DeepEqual(p.StreamIDs, ids) {
+		t.Fatalf("stored ids %+v, want %+v", p.StreamIDs, ids)
+	}
+	if err := store.ClearStreamIDs(ctx, epoch+1); !errors.Is(err, checkpoint.ErrFenced) {
+		t.Fatalf("clear by another epoch: %v, want ErrFenced", err)
+	}
+	if p, _ := store.Load(ctx); !reflect.DeepEqual(p.StreamIDs, ids) {
+		t.Fatalf("ids after a fenced clear: %+v", p.StreamIDs)
+	}
+	if err := store.ClearStreamIDs(ctx, epoch); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := store.Load(ctx); p.StreamIDs != nil || p.Position.GTIDSet != "0-1-10" {
+		t.Fatalf("after the clear: %s %+v, want the position kept and no ids", p.Position.GTIDSet, p.StreamIDs)
 	}
 }

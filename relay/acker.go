@@ -104,9 +104,9 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 		return nil
 	}
 	ack := checkpoint.Ack{
-		Pos: b.Pos.Position, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: string(p.mode.Load().(Mode)),
+		Pos: b.Pos.Position, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: string(p.ackMode(b.Pos)),
 		IDs: b.IDs, MessageIDs: b.MessageIDs, Failed: b.Failed, LastEventAt: b.LastEventAt,
-		StreamIDs: p.r.streamIDsAt(b.Pos),
+		StreamIDs: p.streamIDsAt(b.Pos),
 	}
 	if err := p.store.Ack(ctx, p.epoch, ack); err != nil {
 		return err

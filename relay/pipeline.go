@@ -72,6 +72,11 @@ type pipeline struct {
 	ids      []uint64
 	idsSnap  []uint64
 	idsDirty bool
+	// streamCont: the term continues the stored ids; streamServer: the
+	// identity of the server it reads (decideStreamIDs, before the term
+	// publishes).
+	streamCont   bool
+	streamServer string
 
 	failMu  sync.Mutex
 	failErr error // a failed stream producer ended the term

@@ -53,6 +53,9 @@ type progressStore interface {
 	MarkPaused(ctx context.Context, epoch int64) error
 	// ClearFailed ends a FAILED status once epoch delivers again.
 	ClearFailed(ctx context.Context, epoch int64) error
+	// ClearStreamIDs sets the stored stream publishing ids to NULL
+	// (a term whose ids do not continue them, before it publishes).
+	ClearStreamIDs(ctx context.Context, epoch int64) error
 }
 
 // lease is one leader term's leadership.
@@ -208,7 +211,12 @@ func (b canalBinlog) SnapshotPosition(ctx context.Context) (position.Position, e
 
 func (b canalBinlog) Open(onRetry func(err error, attempt int)) (source, error) {
 	cc := b.r.canal
-	cc.CheckServer = b.r.failover.checkReconnect
+	cc.CheckServer = func(ctx context.Context) error {
+		if err := b.r.failover.checkReconnect(ctx); err != nil {
+			return err
+		}
+		return b.r.checkStreamServer(ctx)
+	}
 	cc.OnRetry = onRetry
 	tailer, err := canal.New(cc)
 	if err != nil {

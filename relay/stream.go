@@ -31,6 +31,10 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost 
 	h := &handler{p: p}
 	from := storedPosition(progress)
 	resume := !(progress.Position.IsZero() || Mode(progress.Mode) == ModePoll || lost)
+	// Before anything of the term publishes (the sweep included).
+	if err := p.decideStreamIDs(ctx, progress, resume); err != nil {
+		return err
+	}
 	if !resume {
 		var stopped bool
 		var err error
@@ -44,7 +48,7 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost 
 		}
 	}
 	// After the sweep: the lanes' ids start above what it sent.
-	if err := p.startIDs(progress, resume); err != nil {
+	if err := p.startIDs(ctx, progress); err != nil {
 		return err
 	}
 	r.failover.startTerm(from.Flavor)
@@ -267,7 +271,7 @@ func (h *handler) Commit(ctx context.Context, pos position.Position, rows int) e
 			h.p.mode.Store(ModeBinlog)
 		}
 	}
-	h.p.tracker.Commit(h.p.markAt(pos))
+	h.p.tracker.Commit(h.p.markAt(pos, h.window))
 	h.p.leaveTxn()
 	return nil
 }

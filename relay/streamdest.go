@@ -2,11 +2,15 @@ package relay
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/poller"
@@ -25,16 +29,23 @@ import (
 //   - at each transaction's end the reader snapshots p.ids into the
 //     tracker's position (mark), so the acknowledgement that stores a
 //     position stores, in the same fenced statement, the ids as of that
-//     position (checkpoint.StreamIDs);
-//   - a term that resumes exactly from the stored position with ids stored
-//     for the same stream and partition count starts from them: the tail
-//     after the position is the same rows in the same order, routed to the
-//     same partitions, so every message gets the id it had, and the broker
-//     drops those it stored;
-//   - any other start (first start, handover from poll mode, an accepted
+//     position and the server they were read on (checkpoint.StreamIDs);
+//   - a term continues the stored ids only when they are the deterministic
+//     continuation (decideStreamIDs): it resumes from exactly the stored
+//     position, on the server they were stored on, for the same stream and
+//     partition count. The tail after the position is then the same rows
+//     in the same order, routed to the same partitions, so every message
+//     gets the id it had, and the broker drops those it stored;
+//   - any other term (first start, handover from poll mode, an accepted
 //     lossy failover, a position set by `checkpoint set` or written without
-//     ids, another partition count) starts above the broker's last id of
-//     each producer: at least once, never a message dropped as a false
+//     ids, another partition count, another server) first clears the
+//     stored ids in the fenced progress row, so no later term continues
+//     ids this one pushed the producers past, and numbers freshly: from
+//     streams.FreshAfter of the broker's last id, the highest id this
+//     process issued under the name and the epoch's base (epoch<<40), so
+//     no older publisher's in-flight message (a frozen leader of an older
+//     epoch, an undrained publisher of this process) shares an id with a
+//     new one: at least once, never a message dropped as a false
 //     duplicate.
 //
 // A producer that fails (a message not confirmed, the connection lost) ends
@@ -45,19 +56,34 @@ import (
 // mark is the tracker's position: the binlog position after a transaction
 // and, with the stream destination, the publishing ids as of it (a
 // snapshot shared by the transactions that did not change it; never
-// modified).
+// modified); handover: the position is inside the handover window, whose
+// rows were published only if still pending, so a term resuming from it
+// would not repeat the same messages.
 type mark struct {
 	position.Position
-	ids []uint64
+	ids      []uint64
+	handover bool
 }
 
 // streamIDsAt is what an acknowledgement stores with a position: the ids of
-// m, or nil without the stream destination.
-func (r *Relay) streamIDsAt(m mark) *checkpoint.StreamIDs {
-	if !r.cfg.Stream.Enabled() || m.ids == nil {
+// m and the term's server, or nil without the stream destination or inside
+// the handover window.
+func (p *pipeline) streamIDsAt(m mark) *checkpoint.StreamIDs {
+	if !p.r.cfg.Stream.Enabled() || m.ids == nil || m.handover {
 		return nil
 	}
-	return &checkpoint.StreamIDs{Stream: r.cfg.Stream.Stream, Partitions: r.cfg.Stream.Partitions, IDs: m.ids}
+	return &checkpoint.StreamIDs{Stream: p.r.cfg.Stream.Stream, Partitions: p.r.cfg.Stream.Partitions, IDs: m.ids,
+		Server: p.streamServer}
+}
+
+// ackMode is the mode an acknowledgement stores with position m: poll for a
+// position inside the handover window (the next term then hands over
+// again), else the term's current mode.
+func (p *pipeline) ackMode(m mark) Mode {
+	if m.handover {
+		return ModePoll
+	}
+	return p.mode.Load().(Mode)
 }
 
 // streamLane is the partition of rec, with the stream destination.
@@ -74,38 +100,71 @@ func (p *pipeline) nextID(i int) uint64 {
 }
 
 // markAt is the tracker's position for a transaction ending at pos (reader
-// goroutine only).
-func (p *pipeline) markAt(pos position.Position) mark {
+// goroutine only); handover: pos is inside the handover window.
+func (p *pipeline) markAt(pos position.Position, handover bool) mark {
 	if p.ids == nil {
-		return mark{Position: pos}
+		return mark{Position: pos, handover: handover}
 	}
 	if p.idsDirty || p.idsSnap == nil {
 		p.idsSnap = slices.Clone(p.ids)
 		p.idsDirty = false
 	}
-	return mark{Position: pos, ids: p.idsSnap}
+	return mark{Position: pos, ids: p.idsSnap, handover: handover}
+}
+
+// streamIDBroker is the broker's query of the producers' last publishing
+// ids (*streamPub).
+type streamIDBroker interface {
+	LastIDs(ctx context.Context, prefix string) ([]uint64, error)
+}
+
+// decideStreamIDs decides, before the term publishes anything, whether its
+// lanes continue the stored ids (see above): resume is that the term tails
+// from exactly the stored position. A term that does not continue them
+// clears them in the progress row (fenced by its epoch) first.
+func (p *pipeline) decideStreamIDs(ctx context.Context, progress checkpoint.Progress, resume bool) error {
+	cfg := p.r.cfg.Stream
+	if !cfg.Enabled() {
+		return nil
+	}
+	server, err := p.r.serverIdentity(ctx)
+	if err != nil {
+		return err
+	}
+	p.streamServer = server
+	p.r.streamServer.Store(server)
+	st := progress.StreamIDs
+	p.streamCont = resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions &&
+		len(st.IDs) == cfg.Partitions && st.Server != "" && st.Server == server
+	if p.streamCont {
+		return nil
+	}
+	if st != nil {
+		p.r.log.Info("stream destination: the stored publishing ids do not continue this term; clearing them",
+			zap.Bool("resume", resume), zap.String("stored_server", st.Server), zap.String("server", server),
+			zap.Int("stored_partitions", st.Partitions), zap.String("stored_stream", st.Stream))
+	}
+	return p.store.ClearStreamIDs(ctx, p.epoch)
 }
 
 // startIDs sets the ids the term's lanes continue from, before the tail
-// publishes: the stored ones when resume (the term tails from exactly the
-// stored position) and they are for this stream and partition count;
-// otherwise above both the broker's last id of each lane producer and what
-// this term's sweep sent through it.
-func (p *pipeline) startIDs(progress checkpoint.Progress, resume bool) error {
-	sp, ok := p.pub.(*streamPub)
-	if !ok {
+// publishes (after the sweep): the stored ones when decideStreamIDs found
+// them the continuation, else fresh ids above what the sweep sent.
+func (p *pipeline) startIDs(ctx context.Context, progress checkpoint.Progress) error {
+	sp, ok := p.pub.(streamIDBroker)
+	if !ok || !p.r.cfg.Stream.Enabled() {
 		return nil
 	}
 	cfg := p.r.cfg.Stream
-	if st := progress.StreamIDs; resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions {
-		p.ids = slices.Clone(st.IDs)
+	broker, err := sp.LastIDs(ctx, cfg.Producer)
+	if err != nil {
+		return err
+	}
+	if p.streamCont {
+		p.ids = slices.Clone(progress.StreamIDs.IDs)
 		// What the broker holds above the stored ids is the tail the last
 		// term published and did not acknowledge: this term publishes it
 		// again with the same ids, and the broker drops it.
-		broker, err := sp.pub.LastIDs(cfg.Producer)
-		if err != nil {
-			return err
-		}
 		var repeats uint64
 		for i, b := range broker {
 			if b > p.ids[i] {
@@ -116,13 +175,13 @@ func (p *pipeline) startIDs(progress checkpoint.Progress, resume bool) error {
 			zap.Uint64s("ids", p.ids), zap.Uint64s("broker_last", broker), zap.Uint64("repeats", repeats))
 		return nil
 	}
-	last, err := sp.startAbove(cfg.Producer)
-	if err != nil {
-		return err
+	ids := make([]uint64, len(broker))
+	for i, b := range broker {
+		ids[i] = streams.FreshAfter(b, p.r.streamIssued.Last(cfg.ProducerName(i)), p.epoch)
 	}
-	p.ids = last
-	p.r.log.Info("stream destination: starting above the broker's last publishing ids (at least once until the next stored position)",
-		zap.Uint64s("ids", p.ids), zap.Bool("stored_ids", progress.StreamIDs != nil), zap.Bool("resume", resume))
+	p.ids = ids
+	p.r.log.Info("stream destination: numbering freshly above the broker's last ids and the epoch's base (at least once until the next stored position)",
+		zap.Uint64s("ids", p.ids), zap.Uint64s("broker_last", broker), zap.Int64("epoch", p.epoch))
 	return nil
 }
 
@@ -170,8 +229,9 @@ func (p *pipeline) watchSinks(g *group) {
 // streamPub is a term's publisher with the stream destination: the stream
 // connection and its producers, "<relay-name>-<i>" for the lanes, the
 // sweep before tailing and poll mode (never at once), and
-// "<relay-name>-delayed-<i>" for the due-time sweep, which runs beside the
-// lanes and must not share their sequence.
+// "<relay-name>-<i>-delayed" for the due-time sweep, which runs beside the
+// lanes and must not share their sequence (a name ending in a letter is
+// never "<some relay name>-<i>").
 type streamPub struct {
 	r      *Relay
 	pub    *streams.Publisher
@@ -179,12 +239,15 @@ type streamPub struct {
 	next   int // the partition of the next lane NewSink opens
 }
 
+// openTimeout bounds opening a lane's producer (NewSink has no context).
+const openTimeout = 30 * time.Second
+
 // delayedSuffix names the due-time sweep's producers.
 const delayedSuffix = "-delayed"
 
 // openStreamPub is binlog mode's openBinlog with the stream destination.
 func (r *Relay) openStreamPub(ctx context.Context, leader lease) (binlogPublisher, error) {
-	pub, err := streams.Dial(r.cfg.Stream)
+	pub, err := streams.DialTerm(r.cfg.Stream, r.streamIssued, leader.Epoch())
 	if err != nil {
 		return nil, err
 	}
@@ -192,23 +255,10 @@ func (r *Relay) openStreamPub(ctx context.Context, leader lease) (binlogPublishe
 	return &streamPub{r: r, pub: pub, leader: leader}, nil
 }
 
-// startAbove makes the producers "<prefix>-<i>" number what they send
-// above the broker's last ids for them, and returns, per partition, the
-// highest of those and of what they sent already.
-func (s *streamPub) startAbove(prefix string) ([]uint64, error) {
-	last, err := s.pub.LastIDs(prefix)
-	if err != nil {
-		return nil, err
-	}
-	for i := range last {
-		pr, err := s.pub.Producer(prefix, i)
-		if err != nil {
-			return nil, err
-		}
-		pr.StartAbove(last[i])
-		last[i] = pr.Last()
-	}
-	return last, nil
+// LastIDs is the broker's last publishing id of each producer
+// "<prefix>-<i>".
+func (s *streamPub) LastIDs(ctx context.Context, prefix string) ([]uint64, error) {
+	return s.pub.LastIDs(ctx, prefix)
 }
 
 // Connected: the stream client reconnects nothing; a lost connection fails
@@ -218,7 +268,9 @@ func (s *streamPub) Connected() (bool, <-chan struct{}) { return true, nil }
 // NewSink opens the lane of the next partition (the lanes are opened in
 // partition order).
 func (s *streamPub) NewSink(onResult func(publish.Result)) (sink, error) {
-	pr, err := s.pub.Producer(s.r.cfg.Stream.Producer, s.next)
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	pr, err := s.pub.Producer(ctx, s.r.cfg.Stream.Producer, s.next)
 	if err != nil {
 		return nil, err
 	}
@@ -230,14 +282,14 @@ func (s *streamPub) NewSink(onResult func(publish.Result)) (sink, error) {
 // least once: through the lanes' producers, numbered above the broker's
 // last ids (the lanes then start above what it sent: startIDs).
 func (s *streamPub) Drainer() (drainer, error) {
-	return s.r.newPoller(routerPub{s.pub, s.r.cfg.Stream.Producer}, s.leader)
+	return s.r.newPoller(routerPub{s.pub, s.r.cfg.Stream.Producer, ""}, s.leader)
 }
 
 // DelayedSweeper delivers due delayed rows into the streams through
 // producers of their own, numbered above the broker's last ids for them
 // (opened at the first delayed row).
 func (s *streamPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
-	pl, err := s.r.newPoller(routerPub{s.pub, s.r.cfg.Stream.Producer + delayedSuffix}, s.leader)
+	pl, err := s.r.newPoller(routerPub{s.pub, s.r.cfg.Stream.Producer, delayedSuffix}, s.leader)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -251,14 +303,14 @@ func (s *streamPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
 func (s *streamPub) Close() error { return s.pub.Close() }
 
 // routerPub is the stream destination as the poller's publisher: each
-// worker gets a router over the producers "<prefix>-<i>".
+// worker gets a router over the producers "<prefix>-<i><suffix>".
 type routerPub struct {
-	pub    *streams.Publisher
-	prefix string
+	pub            *streams.Publisher
+	prefix, suffix string
 }
 
 func (r routerPub) NewChannel(onResult func(publish.Result)) (poller.Channel, error) {
-	return r.pub.NewRouter(r.prefix, onResult), nil
+	return r.pub.NewRouter(r.prefix, r.suffix, onResult), nil
 }
 
 // laneCount is the number of publishing lanes: one per partition stream
@@ -274,16 +326,60 @@ func (r *Relay) laneCount() int {
 // the poller publishes through the producers "<relay-name>-<i>", numbered
 // above the broker's last ids (at least once; streams.Router).
 func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublisher, rounds, error) {
-	pub, err := streams.Dial(r.cfg.Stream)
+	// The poll term's ids do not continue the stored ones: cleared before
+	// it publishes, so no later term continues them (decideStreamIDs).
+	if err := r.progress.ClearStreamIDs(ctx, leader.Epoch()); err != nil {
+		return nil, nil, err
+	}
+	pub, err := streams.DialTerm(r.cfg.Stream, r.streamIssued, leader.Epoch())
 	if err != nil {
 		return nil, nil, err
 	}
 	r.state.setPublisher(pub)
 	sp := &streamPub{r: r, pub: pub, leader: leader}
-	p, err := r.newPoller(routerPub{pub, r.cfg.Stream.Producer}, leader)
+	p, err := r.newPoller(routerPub{pub, r.cfg.Stream.Producer, ""}, leader)
 	if err != nil {
 		pub.Close()
 		return nil, nil, err
 	}
 	return sp, p, nil
+}
+
+// serverIdentity is the identity of the server behind db: "uuid:" and its
+// @@server_uuid (MySQL), or "server_id:" and its @@server_id where there is
+// no uuid (MariaDB; servers of one replication topology have distinct
+// server ids).
+func serverIdentity(ctx context.Context, db *sql.DB) (string, error) {
+	var uuid sql.NullString
+	if err := db.QueryRowContext(ctx, "SELECT @@server_uuid").Scan(&uuid); err == nil && uuid.String != "" {
+		return "uuid:" + uuid.String, nil
+	} else if ctx.Err() != nil {
+		return "", fmt.Errorf("read the database server's identity: %w", ctx.Err())
+	}
+	var id uint64
+	if err := db.QueryRowContext(ctx, "SELECT @@server_id").Scan(&id); err != nil {
+		return "", fmt.Errorf("read the database server's identity (@@server_id): %w", err)
+	}
+	return "server_id:" + strconv.FormatUint(id, 10), nil
+}
+
+// checkStreamServer is part of the tailer's CheckServer with the stream
+// destination: a reconnected binlog stream that reached another server
+// than the term's (a VIP moved) ends the term, so that the ids the next
+// term stores are marked with the server they were read on, and the next
+// term numbers freshly (decideStreamIDs).
+func (r *Relay) checkStreamServer(ctx context.Context) error {
+	want, _ := r.streamServer.Load().(string)
+	if !r.cfg.Stream.Enabled() || want == "" {
+		return nil
+	}
+	got, err := r.serverIdentity(ctx)
+	if err != nil {
+		return err // retried with the connection
+	}
+	if got != want {
+		return &canal.StopError{Err: fmt.Errorf("the binlog stream reconnected to another server (%s; the term started on %s): "+
+			"restarting the term, whose stream publishing ids then start fresh", got, want)}
+	}
+	return nil
 }

@@ -71,7 +71,7 @@ func TestBrokerDropsRepeatedIDs(t *testing.T) {
 		_ = env.DeleteStream(cfg.PartitionName(0))
 		env.Close()
 	})
-	pr, err := pub.Producer("p", 0)
+	pr, err := pub.Producer(context.Background(), "p", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,16 +86,16 @@ func TestBrokerDropsRepeatedIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	if last, err := pub.LastIDs("p"); err != nil || last[0] != 10 {
+	if last, err := pub.LastIDs(context.Background(), "p"); err != nil || last[0] != 10 {
 		t.Fatalf("broker's last id %v, %v; want 10", last, err)
 	}
-	pr, err = pub.Producer("p", 0)
+	pr, err = pub.Producer(context.Background(), "p", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	publishAll(t, pr, seq(5, 15)...)
 	// Numbering by itself, above the broker's last: 16, 17.
-	pr2, err := pub.Producer("q", 0)
+	pr2, err := pub.Producer(context.Background(), "q", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestBrokerDropsRepeatedIDs(t *testing.T) {
 	if pr2.Last() != 5 {
 		t.Errorf("producer q numbered up to %d, want 5", pr2.Last())
 	}
-	if last, err := pub.LastIDs("p"); err != nil || last[0] != 15 {
+	if last, err := pub.LastIDs(context.Background(), "p"); err != nil || last[0] != 15 {
 		t.Fatalf("broker's last id %v, %v; want 15", last, err)
 	}
 

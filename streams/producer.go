@@ -35,9 +35,12 @@ type Producer struct {
 	done    chan struct{} // closed when the confirmation loop ends
 	closing bool
 
-	// aboveBroker: numbered has made it start above the broker's last id
-	// (Publisher.mu).
-	aboveBroker bool
+	issued *Issued       // the process's record of ids given per name (may be nil)
+	stop   chan struct{} // closed by Close: the confirmation loop ends
+
+	// fresh: StartFresh has made it number above FreshAfter
+	// (Publisher.openMu).
+	fresh bool
 }
 
 // waiting is an unconfirmed message's tag and callback.
@@ -52,9 +55,9 @@ type waiting struct {
 // closed under it. So is publish.ErrClosed.
 var ErrFailed = errors.New("stream producer failed")
 
-func newProducer(p *stream.Producer, name, streamName string, window int) *Producer {
+func newProducer(p *stream.Producer, name, streamName string, window int, issued *Issued) *Producer {
 	pr := &Producer{
-		name: name, stream: streamName, p: p,
+		name: name, stream: streamName, p: p, issued: issued, stop: make(chan struct{}),
 		window: make(chan struct{}, window), tags: map[int64]waiting{},
 		failed: make(chan struct{}), idle: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -125,6 +128,7 @@ func (pr *Producer) Publish(ctx context.Context, m publish.Message, cb func(publ
 		return fmt.Errorf("stream producer %s: publishing id %d is not above the last sent, %d: the broker would drop it", pr.name, id, pr.last)
 	}
 	pr.last = id
+	pr.issued.Note(pr.name, id)
 	pr.tags[int64(id)] = waiting{tag: m.Tag, cb: cb, at: time.Now()}
 	pr.mu.Unlock()
 	// Send only queues (the client batches); order of Send calls is the
@@ -145,6 +149,8 @@ func (pr *Producer) confirmations(confirms stream.ChannelPublishConfirm, closed 
 	defer close(pr.done)
 	for {
 		select {
+		case <-pr.stop:
+			return
 		case batch, ok := <-confirms:
 			if !ok {
 				pr.fail(fmt.Errorf("producer %s on %s: confirmations ended", pr.name, pr.stream))
@@ -255,12 +261,18 @@ func (pr *Producer) Flush(ctx context.Context) error {
 	}
 }
 
-// Close closes the producer; messages without a result get none.
+// Close closes the producer and waits for its confirmation goroutine;
+// messages without a result get none.
 func (pr *Producer) Close() error {
 	pr.mu.Lock()
+	first := !pr.closing
 	pr.closing = true
 	pr.mu.Unlock()
+	if first {
+		close(pr.stop)
+	}
 	err := pr.p.Close()
+	<-pr.done
 	if err != nil && !errors.Is(err, stream.AlreadyClosed) {
 		return fmt.Errorf("close stream producer %s: %w", pr.name, err)
 	}

@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -17,21 +18,46 @@ import (
 // rpcTimeout bounds each request to the broker (the client's own timeout).
 const rpcTimeout = 10 * time.Second
 
+// ErrPublisherClosed is returned by calls on a closed Publisher.
+var ErrPublisherClosed = errors.New("stream publisher closed")
+
+// querier is the broker's query of a producer's last publishing id
+// (*stream.Environment).
+type querier interface {
+	QuerySequence(publisherReference, streamName string) (int64, error)
+}
+
 // Publisher is one connection to the broker's stream protocol (a
-// stream.Environment) and the producers opened on it.
+// stream.Environment) and the producers opened on it. No broker call runs
+// under mu, the lock ConfirmWait (/readyz) and Close take: the calls run
+// under openMu, each bounded by the caller's context (call).
 type Publisher struct {
-	cfg Config
-	env *stream.Environment
+	cfg    Config
+	env    *stream.Environment // nil in unit tests
+	query  querier
+	issued *Issued // this process's highest ids per producer name (may be nil)
+	epoch  int64   // the relay epoch of the term: fresh ids start at EpochBase
+
+	openMu sync.Mutex // serialises opening producers and numbering them
 
 	mu        sync.Mutex
 	producers map[string]*Producer // by producer name
+	closed    bool
+
+	calls sync.WaitGroup // broker calls under way (call); Close waits for them
 }
 
-// Dial connects to cfg.URL. The broker's advertised host is replaced by
-// the URL's own (a single node, or a load balancer in front of the
-// cluster): the stream protocol would otherwise connect producers to the
-// node name the broker advertises, which need not resolve from here.
-func Dial(cfg Config) (*Publisher, error) {
+// Dial connects to cfg.URL for a caller that numbers nothing freshly (the
+// topology step, tests): DialTerm without a record of issued ids, epoch 0.
+func Dial(cfg Config) (*Publisher, error) { return DialTerm(cfg, nil, 0) }
+
+// DialTerm connects to cfg.URL for a leader term of epoch: fresh ids
+// (Router, StartFresh) start above FreshAfter, and every id sent is noted
+// in issued. The broker's advertised host is replaced by the URL's own (a
+// single node, or a load balancer in front of the cluster): the stream
+// protocol would otherwise connect producers to the node name the broker
+// advertises, which need not resolve from here.
+func DialTerm(cfg Config, issued *Issued, epoch int64) (*Publisher, error) {
 	uri, err := cfg.dialURL()
 	if err != nil {
 		return nil, err
@@ -49,28 +75,83 @@ func Dial(cfg Config) (*Publisher, error) {
 	env, err := stream.NewEnvironment(opts)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the stream protocol at %s (is the rabbitmq_stream plugin enabled? rabbitmq-plugins enable rabbitmq_stream): %w",
-			redact.URL(cfg.URL), err)
+			redact.URL(cfg.URL), scrubbed(err, uri))
 	}
-	return &Publisher{cfg: cfg, env: env, producers: map[string]*Producer{}}, nil
+	return newPublisher(cfg, env, env, issued, epoch), nil
+}
+
+// scrubbed is err with the password of uri masked (the client's messages
+// may quote what it was given).
+func scrubbed(err error, uri string) error {
+	u, perr := url.Parse(uri)
+	if perr != nil {
+		return errors.New(redact.Scrub(err.Error(), []string{uri}))
+	}
+	if pw, ok := u.User.Password(); ok {
+		return errors.New(redact.Scrub(err.Error(), []string{pw}))
+	}
+	return err
+}
+
+func newPublisher(cfg Config, q querier, env *stream.Environment, issued *Issued, epoch int64) *Publisher {
+	return &Publisher{cfg: cfg, env: env, query: q, issued: issued, epoch: epoch, producers: map[string]*Producer{}}
 }
 
 // Config is the destination the publisher was dialed with.
 func (p *Publisher) Config() Config { return p.cfg }
 
+// call runs f, a broker call without a context of its own (bounded by the
+// client's RPC timeout), and returns its error, or ctx's when ctx ends
+// first. The goroutine is the Publisher's: Close waits for it.
+func (p *Publisher) call(ctx context.Context, what string, f func() error) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return fmt.Errorf("%s: %w", what, ErrPublisherClosed)
+	}
+	p.calls.Add(1)
+	p.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		defer p.calls.Done()
+		done <- f()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%s: %w", what, ctx.Err())
+	}
+}
+
+// lastID is the broker's last publishing id of producer name on stream
+// (0 when it never stored one).
+func (p *Publisher) lastID(ctx context.Context, name, streamName string) (uint64, error) {
+	var seq int64
+	err := p.call(ctx, fmt.Sprintf("query the last publishing id of producer %s on stream %s", name, streamName), func() error {
+		var err error
+		seq, err = p.query.QuerySequence(name, streamName)
+		return err
+	})
+	if err != nil || seq <= 0 {
+		return 0, err
+	}
+	return uint64(seq), nil
+}
+
 // LastIDs returns, for each partition, the highest publishing id the broker
 // stored for the producer "<prefix>-<i>" (0 when it never stored one).
-func (p *Publisher) LastIDs(prefix string) ([]uint64, error) {
+func (p *Publisher) LastIDs(ctx context.Context, prefix string) ([]uint64, error) {
 	ids := make([]uint64, p.cfg.Partitions)
 	for i := range ids {
-		name := prefix + "-" + strconv.Itoa(i)
-		seq, err := p.env.QuerySequence(name, p.cfg.PartitionName(i))
+		last, err := p.lastID(ctx, prefix+"-"+strconv.Itoa(i), p.cfg.PartitionName(i))
 		if err != nil {
-			return nil, fmt.Errorf("query the last publishing id of producer %s on stream %s: %w",
-				name, p.cfg.PartitionName(i), err)
+			return nil, err
 		}
-		if seq > 0 {
-			ids[i] = uint64(seq)
-		}
+		ids[i] = last
 	}
 	return ids, nil
 }
@@ -78,48 +159,79 @@ func (p *Publisher) LastIDs(prefix string) ([]uint64, error) {
 // Producer returns the producer "<prefix>-<i>" on partition i, opening it
 // on first use (one per name and Publisher: two producers of one name must
 // not publish at once).
-func (p *Publisher) Producer(prefix string, i int) (*Producer, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.producerLocked(prefix, i)
+func (p *Publisher) Producer(ctx context.Context, prefix string, i int) (*Producer, error) {
+	return p.ProducerNamed(ctx, prefix+"-"+strconv.Itoa(i), i)
 }
 
-// numbered is Producer for messages it numbers itself (a Router's): on
-// first use the producer starts above the broker's last id for its name,
-// before anything is sent through it.
-func (p *Publisher) numbered(prefix string, i int) (*Producer, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pr, err := p.producerLocked(prefix, i)
-	if err != nil || pr.aboveBroker {
+// ProducerNamed is Producer for the producer name on partition i.
+func (p *Publisher) ProducerNamed(ctx context.Context, name string, i int) (*Producer, error) {
+	p.openMu.Lock()
+	defer p.openMu.Unlock()
+	return p.producerOpen(ctx, name, i)
+}
+
+// StartFresh makes producer name on partition i number the messages it
+// numbers itself (m.Seq 0) freshly: above FreshAfter of the broker's last
+// id, this process's issued ids and the epoch, before anything is sent
+// through it; once per producer and Publisher. It returns the producer.
+func (p *Publisher) StartFresh(ctx context.Context, name string, i int) (*Producer, error) {
+	p.openMu.Lock()
+	defer p.openMu.Unlock()
+	pr, err := p.producerOpen(ctx, name, i)
+	if err != nil || pr.fresh {
 		return pr, err
 	}
-	seq, err := p.env.QuerySequence(pr.name, pr.stream)
+	last, err := p.lastID(ctx, pr.name, pr.stream)
 	if err != nil {
-		return nil, fmt.Errorf("query the last publishing id of producer %s on stream %s: %w", pr.name, pr.stream, err)
+		return nil, err
 	}
-	if seq > 0 {
-		pr.StartAbove(uint64(seq))
-	}
-	pr.aboveBroker = true
+	pr.StartAbove(FreshAfter(last, p.issued.Last(pr.name), p.epoch))
+	pr.fresh = true
 	return pr, nil
 }
 
-func (p *Publisher) producerLocked(prefix string, i int) (*Producer, error) {
-	name := prefix + "-" + strconv.Itoa(i)
-	if pr, ok := p.producers[name]; ok {
+// producerOpen is ProducerNamed under openMu.
+func (p *Publisher) producerOpen(ctx context.Context, name string, i int) (*Producer, error) {
+	p.mu.Lock()
+	pr, ok := p.producers[name]
+	p.mu.Unlock()
+	if ok {
 		return pr, nil
 	}
 	opts := stream.NewProducerOptions().SetProducerName(name).SetClientProvidedName(name)
 	if p.cfg.ConfirmTimeout > 0 {
 		opts.SetConfirmationTimeOut(p.cfg.ConfirmTimeout)
 	}
-	sp, err := p.env.NewProducer(p.cfg.PartitionName(i), opts)
+	var sp *stream.Producer
+	err := p.call(ctx, fmt.Sprintf("open producer %s on stream %s (declare the partition streams: run with --stream-declare)", name, p.cfg.PartitionName(i)),
+		func() error {
+			var err error
+			sp, err = p.env.NewProducer(p.cfg.PartitionName(i), opts)
+			if err != nil {
+				return err
+			}
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			if closed || ctx.Err() != nil { // nobody will use it: never leave it open
+				_ = sp.Close()
+				if closed {
+					return ErrPublisherClosed
+				}
+				return ctx.Err()
+			}
+			return nil
+		})
 	if err != nil {
-		return nil, fmt.Errorf("open producer %s on stream %s (declare the partition streams: run with --stream-declare): %w",
-			name, p.cfg.PartitionName(i), err)
+		return nil, err
 	}
-	pr := newProducer(sp, name, p.cfg.PartitionName(i), p.cfg.Window)
+	pr = newProducer(sp, name, p.cfg.PartitionName(i), p.cfg.Window, p.issued)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		_ = pr.Close()
+		return nil, fmt.Errorf("open producer %s: %w", name, ErrPublisherClosed)
+	}
 	p.producers[name] = pr
 	return pr, nil
 }
@@ -159,25 +271,44 @@ func (p *Publisher) Node() string {
 // ConfirmWait is how long the oldest unconfirmed message of any producer
 // has waited (0 when none is unconfirmed).
 func (p *Publisher) ConfirmWait() time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	var wait time.Duration
-	for _, pr := range p.producers {
+	for _, pr := range p.list() {
 		wait = max(wait, pr.ConfirmWait())
 	}
 	return wait
 }
 
-// Close closes the producers and the connection.
-func (p *Publisher) Close() error {
+// list is the open producers.
+func (p *Publisher) list() []*Producer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var errs []error
+	out := make([]*Producer, 0, len(p.producers))
 	for _, pr := range p.producers {
+		out = append(out, pr)
+	}
+	return out
+}
+
+// Close closes the producers and the connection, and waits for the broker
+// calls under way (the closed connection ends them) and the producers'
+// confirmation goroutines.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	var errs []error
+	for _, pr := range p.list() {
 		errs = append(errs, pr.Close())
 	}
-	if err := p.env.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("close the stream connection: %w", err))
+	if p.env != nil {
+		if err := p.env.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close the stream connection: %w", err))
+		}
 	}
+	p.calls.Wait()
 	return errors.Join(errs...)
 }

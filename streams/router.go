@@ -3,6 +3,7 @@ package streams
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -36,6 +37,7 @@ func (l *Lane) Publish(ctx context.Context, m publish.Message) error {
 type Router struct {
 	pub      *Publisher
 	prefix   string
+	suffix   string
 	onResult func(publish.Result)
 
 	mu      sync.Mutex
@@ -44,17 +46,17 @@ type Router struct {
 	used    map[*Producer]bool
 }
 
-// NewRouter returns a router over pub's producers "<prefix>-<i>"; every
-// result goes to onResult.
-func (p *Publisher) NewRouter(prefix string, onResult func(publish.Result)) *Router {
-	return &Router{pub: p, prefix: prefix, onResult: onResult, idle: make(chan struct{}), used: map[*Producer]bool{}}
+// NewRouter returns a router over pub's producers "<prefix>-<i><suffix>";
+// every result goes to onResult.
+func (p *Publisher) NewRouter(prefix, suffix string, onResult func(publish.Result)) *Router {
+	return &Router{pub: p, prefix: prefix, suffix: suffix, onResult: onResult, idle: make(chan struct{}), used: map[*Producer]bool{}}
 }
 
 // Publish sends m to its partition with the next id of that partition's
 // producer.
 func (r *Router) Publish(ctx context.Context, m publish.Message) error {
 	i := Partition(m.Key, m.Publishing.MessageId, r.pub.cfg.Partitions)
-	pr, err := r.pub.numbered(r.prefix, i)
+	pr, err := r.pub.StartFresh(ctx, r.prefix+"-"+strconv.Itoa(i)+r.suffix, i)
 	if err != nil {
 		return err
 	}

@@ -29,13 +29,13 @@ func bumpIDs(t *testing.T, sc streams.Config, prefix string, ahead uint64) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	last, err := pub.LastIDs(prefix)
+	last, err := pub.LastIDs(context.Background(), prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan publish.Result, sc.Partitions)
 	for i := range last {
-		pr, err := pub.Producer(prefix, i)
+		pr, err := pub.Producer(context.Background(), prefix, i)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,100 @@
+package relay
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/streams"
+)
+
+// fakeStreamPub is a binlog publisher with the stream destination's query
+// of the broker's last publishing ids.
+type fakeStreamPub struct {
+	*fakeBinlogPub
+	last []uint64 // the broker's last id per partition
+}
+
+func (f fakeStreamPub) LastIDs(ctx context.Context, prefix string) ([]uint64, error) {
+	return slices.Clone(f.last), nil
+}
+
+// A term continues the stored publishing ids only when they are the
+// deterministic continuation: it resumes from exactly the stored position
+// (not a first start, a poll term's handover or a lossy failover), on the
+// server the ids were stored on (another server may order the same GTIDs
+// differently), for the same stream and partition count. Any other term
+// numbers freshly, from max(broker's last + 1, epoch<<40, this process's
+// highest issued + 1) per producer, so no older publisher's in-flight id is
+// reused (finding 1), and clears the stored ids in the fenced progress row
+// before it publishes, so a later term never continues ids that this term
+// pushed the producers past (finding 2).
+func TestUnitStreamIDsContinueOnlyTheirOwnContinuation(t *testing.T) {
+	u := startUnitPipeline(t, func(c *Config) {
+		c.RelayName = "r"
+		c.Stream = streams.Config{Stream: "s", Partitions: 3, Producer: "r"}
+	})
+	ctx := context.Background()
+	base := streams.EpochBase(u.lease.Epoch())
+	issued := streams.NewIssued()
+	issued.Note("r-2", base+10) // an earlier term of this process, not drained
+	u.p.r.streamIssued = issued
+	server := "uuid:A"
+	u.p.r.serverIdentity = func(context.Context) (string, error) { return server, nil }
+	u.p.pub = fakeStreamPub{fakeBinlogPub: u.pub, last: []uint64{5, base + 3, 0}}
+
+	stored := &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: []uint64{4, 8, 9}, Server: "uuid:A"}
+	fresh := []uint64{base - 1, base + 3, base + 10}
+	cases := []struct {
+		name   string
+		ids    *checkpoint.StreamIDs
+		resume bool
+		server string
+		want   []uint64
+	}{
+		{"resume on the same server", stored, true, "uuid:A", stored.IDs},
+		{"resume on another server", stored, true, "uuid:B", fresh},
+		{"first start, poll term or lossy failover", stored, false, "uuid:A", fresh},
+		{"no stored ids", nil, true, "uuid:A", fresh},
+		{"another partition count", &checkpoint.StreamIDs{Stream: "s", Partitions: 2, IDs: []uint64{4, 8}, Server: "uuid:A"}, true, "uuid:A", fresh},
+		{"another stream", &checkpoint.StreamIDs{Stream: "t", Partitions: 3, IDs: []uint64{4, 8, 9}, Server: "uuid:A"}, true, "uuid:A", fresh},
+		{"ids stored without their server", &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: []uint64{4, 8, 9}}, true, "uuid:A", fresh},
+	}
+	for _, c := range cases {
+		server = c.server
+		u.store.mu.Lock()
+		u.store.progress.StreamIDs = c.ids
+		clearsBefore := len(u.store.clears)
+		u.store.mu.Unlock()
+		progress, _ := u.store.Load(ctx)
+		if err := u.p.decideStreamIDs(ctx, progress, c.resume); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if err := u.p.startIDs(ctx, progress); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if !slices.Equal(u.p.ids, c.want) {
+			t.Errorf("%s: ids %v, want %v", c.name, u.p.ids, c.want)
+		}
+		u.store.mu.Lock()
+		cleared := len(u.store.clears) > clearsBefore
+		u.store.mu.Unlock()
+		if continues := slices.Equal(c.want, stored.IDs); cleared == continues {
+			t.Errorf("%s: stored ids cleared %v, want %v", c.name, cleared, !continues)
+		}
+		// What this term stores is marked with its server.
+		if got := u.p.streamIDsAt(mark{ids: []uint64{1, 2, 3}}); got == nil || got.Server != c.server {
+			t.Errorf("%s: ids stored as %+v, want them marked with server %s", c.name, got, c.server)
+		}
+	}
+
+	// A position inside a handover window stores no ids and mode poll: a
+	// term resuming from it would not filter the rows the window filtered.
+	if got := u.p.streamIDsAt(mark{ids: []uint64{1, 2, 3}, handover: true}); got != nil {
+		t.Errorf("ids stored with a position inside the handover window: %+v", got)
+	}
+	if m := u.p.ackMode(mark{handover: true}); m != ModePoll {
+		t.Errorf("mode stored with a position inside the handover window: %q", m)
+	}
+}
