@@ -22,9 +22,9 @@ func TestUnitFreshIDsStartAboveEveryOlderPublisher(t *testing.T) {
 		want           uint64
 	}{
 		{0, 0, 0, 0},
-		{0, 0, 7, base - 1},              // first start of epoch 7: ids from 7<<40
-		{12, 0, 7, base - 1},             // broker behind the base
-		{base + 5, 0, 7, base + 5},       // broker ahead (this epoch's earlier term)
+		{0, 0, 7, base - 1},               // first start of epoch 7: ids from 7<<40
+		{12, 0, 7, base - 1},              // broker behind the base
+		{base + 5, 0, 7, base + 5},        // broker ahead (this epoch's earlier term)
 		{base + 5, base + 9, 7, base + 9}, // this process sent further, not yet stored
 		{base + 9, base + 5, 7, base + 9},
 		{3, 10, 0, 10},
