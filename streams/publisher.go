@@ -195,8 +195,19 @@ func (p *Publisher) producerOpen(ctx context.Context, name string, i int) (*Prod
 	p.mu.Lock()
 	pr, ok := p.producers[name]
 	p.mu.Unlock()
-	if ok {
+	if ok && pr.Err() == nil {
 		return pr, nil
+	}
+	var after uint64 // a failed producer's last id: its successor numbers above it
+	if ok {
+		// Failed (a message not confirmed, its connection lost): replaced,
+		// so that a caller that goes on (the due-time sweep) is not stuck
+		// with it.
+		after = pr.Last()
+		p.mu.Lock()
+		delete(p.producers, name)
+		p.mu.Unlock()
+		_ = pr.Close()
 	}
 	opts := stream.NewProducerOptions().SetProducerName(name).SetClientProvidedName(name)
 	if p.cfg.ConfirmTimeout > 0 {
@@ -226,6 +237,7 @@ func (p *Publisher) producerOpen(ctx context.Context, name string, i int) (*Prod
 		return nil, err
 	}
 	pr = newProducer(sp, name, p.cfg.PartitionName(i), p.cfg.Window, p.issued)
+	pr.StartAbove(after)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -29,11 +29,13 @@ func (l *Lane) Publish(ctx context.Context, m publish.Message) error {
 
 // Router publishes messages of any partition, as a poller's worker does:
 // each to its partition (Partition of its key, or of its message id for
-// the key ”), through the Publisher's producers "<prefix>-<i>", numbered
-// by them above the broker's last ids (at least once), each producer
-// asking the broker once, on first use. Its
-// methods have a publish.Channel's contract: Publish, Flush, Close. A
-// Router is used by one goroutine; several Routers may share producers.
+// the key ”), through the Publisher's producers "<prefix>-<i><suffix>",
+// numbered by them freshly (StartFresh: at least once), each producer
+// asking the broker once, on first use. A producer that failed is replaced
+// at the next Publish (Publisher.StartFresh), so a Router that outlives a
+// failed round (the due-time sweep's) delivers again. Its methods have a
+// publish.Channel's contract: Publish, Flush, Close. A Router is used by
+// one goroutine; several Routers may share producers.
 type Router struct {
 	pub      *Publisher
 	prefix   string
@@ -41,15 +43,15 @@ type Router struct {
 	onResult func(publish.Result)
 
 	mu      sync.Mutex
-	pending int
-	idle    chan struct{} // closed and replaced when pending drops to 0
-	used    map[*Producer]bool
+	pending map[*Producer]int // messages without a result, per producer
+	idle    chan struct{}     // closed and replaced when no message is pending
 }
 
 // NewRouter returns a router over pub's producers "<prefix>-<i><suffix>";
 // every result goes to onResult.
 func (p *Publisher) NewRouter(prefix, suffix string, onResult func(publish.Result)) *Router {
-	return &Router{pub: p, prefix: prefix, suffix: suffix, onResult: onResult, idle: make(chan struct{}), used: map[*Producer]bool{}}
+	return &Router{pub: p, prefix: prefix, suffix: suffix, onResult: onResult, idle: make(chan struct{}),
+		pending: map[*Producer]int{}}
 }
 
 // Publish sends m to its partition with the next id of that partition's
@@ -61,27 +63,37 @@ func (r *Router) Publish(ctx context.Context, m publish.Message) error {
 		return err
 	}
 	r.mu.Lock()
-	r.pending++
-	r.used[pr] = true
+	r.pending[pr]++
 	r.mu.Unlock()
 	m.Seq = 0
-	if err := pr.Publish(ctx, m, r.resolved); err != nil {
-		r.done()
+	if err := pr.Publish(ctx, m, func(res publish.Result) {
+		r.onResult(res)
+		r.done(pr)
+	}); err != nil {
+		r.done(pr)
 		return fmt.Errorf("publish to stream %s: %w", pr.stream, err)
 	}
 	return nil
 }
 
-func (r *Router) resolved(res publish.Result) {
-	r.onResult(res)
-	r.done()
-}
-
-func (r *Router) done() {
+// done counts one result of pr (or a message it did not send).
+func (r *Router) done(pr *Producer) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.pending--
-	if r.pending == 0 {
+	n, ok := r.pending[pr]
+	if !ok {
+		return // pr failed and was forgotten (Flush)
+	}
+	if n <= 1 {
+		delete(r.pending, pr)
+	} else {
+		r.pending[pr] = n - 1
+	}
+	r.idleLocked()
+}
+
+func (r *Router) idleLocked() {
+	if len(r.pending) == 0 {
 		close(r.idle)
 		r.idle = make(chan struct{})
 	}
@@ -91,20 +103,26 @@ func (r *Router) done() {
 const flushCheck = 100 * time.Millisecond
 
 // Flush waits until every message published through r has its result; it
-// returns a producer's failure, or ctx's error.
+// returns a producer's failure (whose messages then get no result: the
+// producer is forgotten, and the caller publishes them again), or ctx's
+// error.
 func (r *Router) Flush(ctx context.Context) error {
 	for {
 		r.mu.Lock()
-		n, idle := r.pending, r.idle
-		var failed []*Producer
-		for pr := range r.used {
-			failed = append(failed, pr)
+		var failed error
+		for pr := range r.pending {
+			if err := pr.Err(); err != nil {
+				failed = err
+				delete(r.pending, pr)
+			}
+		}
+		n, idle := len(r.pending), r.idle
+		if failed != nil && n == 0 {
+			r.idleLocked()
 		}
 		r.mu.Unlock()
-		for _, pr := range failed {
-			if err := pr.Err(); err != nil {
-				return err
-			}
+		if failed != nil {
+			return failed
 		}
 		if n == 0 {
 			return nil
