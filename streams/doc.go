@@ -23,9 +23,16 @@
 //     above the highest it stored, so a retried message behind a stored one
 //     would be lost.
 //   - LastIDs asks the broker for each producer's last stored publishing id
-//     (the stream protocol's query_publisher_sequence): where the next
+//     (the stream protocol's query_publisher_sequence). Where the next
 //     messages are not the deterministic continuation of stored counters,
-//     the caller starts above them.
+//     the caller numbers freshly: above FreshAfter, the highest of the
+//     broker's last id, the ids this process issued under the name
+//     (Issued) and the relay epoch's base (EpochBase, epoch<<40), so that
+//     no older publisher still sending (a frozen leader, an undrained
+//     earlier term) shares an id with a new message. StartFresh and Router
+//     do that; a Router replaces a failed producer at its next publish.
+//   - No broker call runs under the lock ConfirmWait and Close take; each
+//     is bounded by the caller's context, and Close waits for them.
 //   - Declare is the topology step: it declares the partition streams that
 //     do not exist (existing ones are used as they are) and, where the
 //     broker and client allow it (3.13+ for the client API), the super

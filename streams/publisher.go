@@ -142,6 +142,12 @@ func (p *Publisher) lastID(ctx context.Context, name, streamName string) (uint64
 	return uint64(seq), nil
 }
 
+// LastID is the broker's last publishing id of producer name on
+// partition i (0 when it never stored one).
+func (p *Publisher) LastID(ctx context.Context, name string, i int) (uint64, error) {
+	return p.lastID(ctx, name, p.cfg.PartitionName(i))
+}
+
 // LastIDs returns, for each partition, the highest publishing id the broker
 // stored for the producer "<prefix>-<i>" (0 when it never stored one).
 func (p *Publisher) LastIDs(ctx context.Context, prefix string) ([]uint64, error) {

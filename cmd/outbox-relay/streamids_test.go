@@ -17,35 +17,39 @@ import (
 )
 
 // bumpIDs stores one message per partition of sc under the producers
-// "<prefix>-<i>" with a publishing id ahead above the broker's last: what a
-// term leaves on the broker when it published and did not acknowledge (or
-// an earlier history of the name). A start whose ids are not the
-// continuation of its stored ones must start above these, or the broker
-// drops its messages as duplicates.
-func bumpIDs(t *testing.T, sc streams.Config, prefix string, ahead uint64) {
+// "<prefix>-<i><suffix>" with a publishing id ahead above the broker's
+// last: what a term leaves on the broker when it published and did not
+// acknowledge (or an earlier history of the name). A start whose ids are
+// not the continuation of its stored ones must start above these, or the
+// broker drops its messages as duplicates. ahead is above every epoch's
+// base in these tests (streams.EpochBase), so the broker's last id, not
+// the epoch, decides.
+func bumpIDs(t *testing.T, sc streams.Config, prefix, suffix string, ahead uint64) {
 	t.Helper()
 	pub, err := streams.Dial(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	last, err := pub.LastIDs(context.Background(), prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx := context.Background()
 	done := make(chan publish.Result, sc.Partitions)
-	for i := range last {
-		pr, err := pub.Producer(context.Background(), prefix, i)
+	for i := 0; i < sc.Partitions; i++ {
+		name := fmt.Sprintf("%s-%d%s", prefix, i, suffix)
+		last, err := pub.LastID(ctx, name, i)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := publish.Message{Seq: last[i] + ahead}
+		pr, err := pub.ProducerNamed(ctx, name, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := publish.Message{Seq: last + ahead}
 		m.Publishing.MessageId = "bump"
-		if err := pr.Publish(context.Background(), m, func(r publish.Result) { done <- r }); err != nil {
+		if err := pr.Publish(ctx, m, func(r publish.Result) { done <- r }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for range last {
+	for i := 0; i < sc.Partitions; i++ {
 		if r := <-done; r.Outcome != publish.Confirmed {
 			t.Fatalf("bump: %+v", r)
 		}
@@ -87,12 +91,12 @@ func TestRunStreamNeverLosesToDeduplication(t *testing.T) {
 		}
 	}
 
-	// step leaves ids of the producers "<prefix>-<i>" ahead on the broker,
+	// step leaves ids of the producers "<prefix>-<i><suffix>" ahead on the broker,
 	// writes before rows, starts p, writes during rows (and what extra
 	// writes), and checks that every message arrived before stopping p.
-	step := func(name, prefix string, p *relayProc, before, during int, extra func(v *validator.Validator)) {
+	step := func(name, prefix, suffix string, p *relayProc, before, during int, extra func(v *validator.Validator)) {
 		t.Helper()
-		bumpIDs(t, sc, prefix, 500)
+		bumpIDs(t, sc, prefix, suffix, 1<<50)
 		v := consumeStreams(t, sc)
 		if before > 0 {
 			load(v, before)
@@ -107,7 +111,7 @@ func TestRunStreamNeverLosesToDeduplication(t *testing.T) {
 	}
 
 	// First start, with rows pending.
-	step("first start", "r1", binlog, 200, 300, nil)
+	step("first start", "r1", "", binlog, 200, 300, nil)
 
 	// A tail published and not acknowledged (ids ahead of the stored
 	// ones), then `checkpoint set` past it: the stored ids no longer
@@ -119,15 +123,15 @@ func TestRunStreamNeverLosesToDeduplication(t *testing.T) {
 	if r := runBinary(t, relayBinary(t), nil, "checkpoint", "set", "--mysql-dsn", db.DSN, "--relay-name", "r1", "--gtid", gtid); r.code != 0 {
 		t.Fatalf("checkpoint set: %+v", r)
 	}
-	step("after checkpoint set", "r1", binlog, 0, 300, nil)
+	step("after checkpoint set", "r1", "", binlog, 0, 300, nil)
 
 	// Poll mode, then the handover back to the binlog.
-	step("poll mode", "r1", poll, 0, 300, nil)
-	step("handover to the binlog", "r1", binlog, 100, 200, nil)
+	step("poll mode", "r1", "", poll, 0, 300, nil)
+	step("handover to the binlog", "r1", "", binlog, 100, 200, nil)
 
 	// Delayed rows go out through the due-time sweep's producers
-	// "r1-delayed-<i>", beside the lanes.
-	step("delayed rows", "r1-delayed", binlog, 0, 100, func(v *validator.Validator) {
+	// "r1-<i>-delayed", beside the lanes.
+	step("delayed rows", "r1", "-delayed", binlog, 0, 100, func(v *validator.Validator) {
 		for i := 0; i < 10; i++ {
 			insertDelayed(ctx, t, db, v, b.Exchange, fmt.Sprintf("delayed-%d", i%3))
 		}
