@@ -35,8 +35,7 @@ type Producer struct {
 	done    chan struct{} // closed when the confirmation loop ends
 	closing bool
 
-	issued *Issued       // the process's record of ids given per name (may be nil)
-	stop   chan struct{} // closed by Close: the confirmation loop ends
+	issued *Issued // the process's record of ids given per name (may be nil)
 
 	// fresh: StartFresh has made it number above FreshAfter
 	// (Publisher.openMu).
@@ -57,7 +56,7 @@ var ErrFailed = errors.New("stream producer failed")
 
 func newProducer(p *stream.Producer, name, streamName string, window int, issued *Issued) *Producer {
 	pr := &Producer{
-		name: name, stream: streamName, p: p, issued: issued, stop: make(chan struct{}),
+		name: name, stream: streamName, p: p, issued: issued,
 		window: make(chan struct{}, window), tags: map[int64]waiting{},
 		failed: make(chan struct{}), idle: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -149,8 +148,6 @@ func (pr *Producer) confirmations(confirms stream.ChannelPublishConfirm, closed 
 	defer close(pr.done)
 	for {
 		select {
-		case <-pr.stop:
-			return
 		case batch, ok := <-confirms:
 			if !ok {
 				pr.fail(fmt.Errorf("producer %s on %s: confirmations ended", pr.name, pr.stream))
@@ -261,20 +258,26 @@ func (pr *Producer) Flush(ctx context.Context) error {
 	}
 }
 
-// Close closes the producer and waits for its confirmation goroutine;
-// messages without a result get none.
+// Close closes the producer and waits for its confirmation goroutine,
+// which ends when the client closes the producer's channels; messages
+// without a result get none.
 func (pr *Producer) Close() error {
 	pr.mu.Lock()
-	first := !pr.closing
 	pr.closing = true
 	pr.mu.Unlock()
-	if first {
-		close(pr.stop)
-	}
 	err := pr.p.Close()
-	<-pr.done
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-pr.done:
+	case <-t.C:
+		return fmt.Errorf("close stream producer %s: its confirmations did not end within %v", pr.name, closeWait)
+	}
 	if err != nil && !errors.Is(err, stream.AlreadyClosed) {
 		return fmt.Errorf("close stream producer %s: %w", pr.name, err)
 	}
 	return nil
 }
+
+// closeWait bounds Close's wait for the confirmation goroutine.
+const closeWait = 5 * time.Second
