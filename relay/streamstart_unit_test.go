@@ -2,9 +2,11 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/streams"
 )
@@ -96,5 +98,42 @@ func TestUnitStreamIDsContinueOnlyTheirOwnContinuation(t *testing.T) {
 	}
 	if m := u.p.ackMode(mark{handover: true}); m != ModePoll {
 		t.Errorf("mode stored with a position inside the handover window: %q", m)
+	}
+}
+
+// A binlog stream that reconnects to another server (a VIP moved) ends the
+// term with the stream destination: the ids the term would store were read
+// on the first server, and the next term decides afresh (finding 3).
+func TestUnitStreamReconnectToAnotherServerEndsTheTerm(t *testing.T) {
+	r := unitRelay(t, newFakeStore(), func(c *Config) { c.Stream = streams.Config{Stream: "s", Partitions: 1, Producer: "r"} })
+	server := "uuid:A"
+	r.serverIdentity = func(context.Context) (string, error) { return server, nil }
+	r.streamServer.Store("uuid:A")
+	if err := r.checkStreamServer(context.Background()); err != nil {
+		t.Fatalf("same server: %v", err)
+	}
+	server = "uuid:B"
+	var stop *canal.StopError
+	if err := r.checkStreamServer(context.Background()); !errors.As(err, &stop) {
+		t.Fatalf("another server: %v, want a *canal.StopError", err)
+	}
+}
+
+// A poll term clears the stored stream ids before it publishes (its ids do
+// not continue them), fenced by its epoch (finding 2).
+func TestUnitStreamPollTermClearsTheStoredIDs(t *testing.T) {
+	store := newFakeStore()
+	store.progress.StreamIDs = &checkpoint.StreamIDs{Stream: "s", Partitions: 1, IDs: []uint64{9}, Server: "uuid:A"}
+	r := unitRelay(t, store, func(c *Config) {
+		// Nothing answers there: the term fails to connect after clearing.
+		c.Stream = streams.Config{Stream: "s", Partitions: 1, Producer: "r", Window: 1, URL: "rabbitmq-stream://u:p@127.0.0.1:1/"}
+	})
+	if _, _, err := r.openStreamPolling(context.Background(), newFakeLease(4)); err == nil {
+		t.Fatal("connected to nothing")
+	}
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if !slices.Equal(store.clears, []int64{4}) || store.progress.StreamIDs != nil {
+		t.Fatalf("clears %v, stored ids %+v: want cleared by epoch 4 before publishing", store.clears, store.progress.StreamIDs)
 	}
 }
