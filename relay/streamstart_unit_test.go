@@ -8,6 +8,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/publish"
 	"github.com/outbox-relay/outbox-relay/streams"
 )
 
@@ -135,5 +137,43 @@ func TestUnitStreamPollTermClearsTheStoredIDs(t *testing.T) {
 	defer store.mu.Unlock()
 	if !slices.Equal(store.clears, []int64{4}) || store.progress.StreamIDs != nil {
 		t.Fatalf("clears %v, stored ids %+v: want cleared by epoch 4 before publishing", store.clears, store.progress.StreamIDs)
+	}
+}
+
+// Finding 7: the handover mode travels with the acknowledged position. A
+// position inside the handover window whose acknowledgement comes after the
+// window closed is stored with mode poll (and, with the stream destination,
+// without ids): the window published only rows still pending, so a term
+// resuming from there must hand over again, not continue the ids.
+func TestUnitHandoverModeTravelsWithThePosition(t *testing.T) {
+	u := startUnitPipeline(t, func(c *Config) { c.Stream = streams.Config{Stream: "s", Partitions: 4, Producer: "r"} })
+	u.p.ids = make([]uint64, 4)
+	u.store.pending[2], u.store.pending[3] = true, true // the sweep delivered 1
+	u.p.mode.Store(ModePoll)
+	if err := u.h.openWindow(filePos(100), filePos(300), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	u.read(t, 3,
+		txn{rows: []*outbox.Record{rec(1, "a"), rec(2, "b")}, pos: filePos(200)},
+		txn{rows: []*outbox.Record{rec(3, "c")}, pos: filePos(300)},
+		txn{rows: []*outbox.Record{rec(4, "d")}, pos: filePos(400)})
+	if m := u.p.mode.Load().(Mode); m != ModeBinlog {
+		t.Fatalf("mode after the window %q", m)
+	}
+	// Only the first transaction's row is confirmed: the position stored is
+	// 200, inside the window, acknowledged after it closed.
+	part := map[uint64]int{}
+	for i, s := range u.sinks {
+		for _, id := range s.ids() {
+			part[id] = i
+		}
+	}
+	u.sinks[part[2]].resolve(t, 2, publish.Confirmed, "")
+	u.store.until(t, "position 200 is acknowledged", func() bool {
+		_, _, last := u.store.acked()
+		return last.HasPos && last.Pos == filePos(200)
+	})
+	if _, _, last := u.store.acked(); last.Mode != string(ModePoll) || last.StreamIDs != nil {
+		t.Fatalf("position inside the window stored with mode %q and ids %+v, want poll and none", last.Mode, last.StreamIDs)
 	}
 }
