@@ -237,9 +237,12 @@ type streamPub struct {
 	pub    *streams.Publisher
 	leader lease
 	next   int // the partition of the next lane NewSink opens
+	// ctx is the term's, given to openStreamPub: it bounds NewSink's
+	// broker calls (the seam has no context of its own).
+	ctx context.Context
 }
 
-// openTimeout bounds opening a lane's producer (NewSink has no context).
+// openTimeout bounds opening a lane's producer within the term's context.
 const openTimeout = 30 * time.Second
 
 // delayedSuffix names the due-time sweep's producers.
@@ -252,7 +255,7 @@ func (r *Relay) openStreamPub(ctx context.Context, leader lease) (binlogPublishe
 		return nil, err
 	}
 	r.state.setPublisher(pub)
-	return &streamPub{r: r, pub: pub, leader: leader}, nil
+	return &streamPub{r: r, pub: pub, leader: leader, ctx: ctx}, nil
 }
 
 // LastIDs is the broker's last publishing id of each producer
@@ -268,7 +271,7 @@ func (s *streamPub) Connected() (bool, <-chan struct{}) { return true, nil }
 // NewSink opens the lane of the next partition (the lanes are opened in
 // partition order).
 func (s *streamPub) NewSink(onResult func(publish.Result)) (sink, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, openTimeout)
 	defer cancel()
 	pr, err := s.pub.Producer(ctx, s.r.cfg.Stream.Producer, s.next)
 	if err != nil {
@@ -336,7 +339,7 @@ func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublis
 		return nil, nil, err
 	}
 	r.state.setPublisher(pub)
-	sp := &streamPub{r: r, pub: pub, leader: leader}
+	sp := &streamPub{r: r, pub: pub, leader: leader, ctx: ctx}
 	p, err := r.newPoller(routerPub{pub, r.cfg.Stream.Producer, ""}, leader)
 	if err != nil {
 		pub.Close()
