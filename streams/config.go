@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
@@ -76,6 +78,26 @@ func (c Config) PartitionName(i int) string { return c.Stream + "-" + strconv.It
 // ProducerName is the producer of partition i: "<Producer>-<i>".
 func (c Config) ProducerName(i int) string { return c.Producer + "-" + strconv.Itoa(i) }
 
+// MaxWindow bounds Config.Window: the client's queue of messages not yet
+// written holds a whole window (producerOptions), at most 10000.
+const MaxWindow = 10_000
+
+// producerOptions are the client's options of producer name. Its queue
+// of messages not yet written (the client sizes it by the batch size) holds
+// a whole window, so that Send, which takes no context, never blocks on a
+// stalled connection: at most Window messages are unconfirmed.
+func (c Config) producerOptions(name string) *stream.ProducerOptions {
+	opts := stream.NewProducerOptions().SetProducerName(name).SetClientProvidedName(name).
+		SetBatchSize(min(MaxWindow, max(opts0BatchSize, c.Window)))
+	if c.ConfirmTimeout > 0 {
+		opts.SetConfirmationTimeOut(c.ConfirmTimeout)
+	}
+	return opts
+}
+
+// opts0BatchSize is the client's default batch size.
+const opts0BatchSize = 100
+
 // Validate checks c; the errors name the flag to fix.
 func (c Config) Validate() error {
 	if !c.Enabled() {
@@ -93,8 +115,8 @@ func (c Config) Validate() error {
 	if c.Producer == "" {
 		return errors.New("stream destination: the producer name prefix (the relay name) is empty")
 	}
-	if c.Window < 1 {
-		return fmt.Errorf("stream destination: confirm window %d: at least 1", c.Window)
+	if c.Window < 1 || c.Window > MaxWindow {
+		return fmt.Errorf("stream destination: confirm window %d (--confirm-window): between 1 and %d", c.Window, MaxWindow)
 	}
 	if _, err := url.Parse(c.URL); err != nil || !strings.HasPrefix(c.URL, "rabbitmq-stream") {
 		return fmt.Errorf("--stream-url %s: the form is rabbitmq-stream://user:pass@host:5552/vhost (rabbitmq-stream+tls:// for TLS)", redact.URL(c.URL))

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/message"
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
 
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -21,10 +22,13 @@ import (
 // Producer's own goroutine, in publishing-id order.
 type Producer struct {
 	name, stream string
-	p            *stream.Producer
+	p            clientProducer
 	window       chan struct{} // one token per unconfirmed message
 
-	sendMu sync.Mutex // held from assigning an id to queueing the message
+	// send is held (its one slot taken) from assigning an id to queueing
+	// the message; a channel so that waiting for it ends with the
+	// caller's context.
+	send chan struct{}
 
 	mu      sync.Mutex
 	tags    map[int64]waiting // publishing id → the message's tag and callback, of unconfirmed messages
@@ -38,8 +42,17 @@ type Producer struct {
 	issued *Issued // the process's record of ids given per name (may be nil)
 
 	// fresh: StartFresh has made it number above FreshAfter
-	// (Publisher.openMu).
+	// (with the Publisher's opening slot taken).
 	fresh bool
+}
+
+// clientProducer is the client's producer as a Producer uses it
+// (*stream.Producer; a fake in unit tests).
+type clientProducer interface {
+	Send(message.StreamMessage) error
+	NotifyPublishConfirmation() stream.ChannelPublishConfirm
+	NotifyClose() stream.ChannelClose
+	Close() error
 }
 
 // waiting is an unconfirmed message's tag and callback.
@@ -54,9 +67,9 @@ type waiting struct {
 // closed under it. So is publish.ErrClosed.
 var ErrFailed = errors.New("stream producer failed")
 
-func newProducer(p *stream.Producer, name, streamName string, window int, issued *Issued) *Producer {
+func newProducer(p clientProducer, name, streamName string, window int, issued *Issued) *Producer {
 	pr := &Producer{
-		name: name, stream: streamName, p: p, issued: issued,
+		name: name, stream: streamName, p: p, issued: issued, send: make(chan struct{}, 1),
 		window: make(chan struct{}, window), tags: map[int64]waiting{},
 		failed: make(chan struct{}), idle: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -88,8 +101,8 @@ func (pr *Producer) Last() uint64 {
 // when that is above the highest sent so far: the broker's last id for
 // this producer, so that no message is dropped as a false duplicate.
 func (pr *Producer) StartAbove(last uint64) {
-	pr.sendMu.Lock()
-	defer pr.sendMu.Unlock()
+	pr.send <- struct{}{}
+	defer func() { <-pr.send }()
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	pr.last = max(pr.last, last)
@@ -109,8 +122,16 @@ func (pr *Producer) Publish(ctx context.Context, m publish.Message, cb func(publ
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	pr.sendMu.Lock()
-	defer pr.sendMu.Unlock()
+	select {
+	case pr.send <- struct{}{}:
+	case <-pr.failed:
+		<-pr.window
+		return pr.Err()
+	case <-ctx.Done():
+		<-pr.window
+		return ctx.Err()
+	}
+	defer func() { <-pr.send }()
 	pr.mu.Lock()
 	if pr.err != nil {
 		pr.mu.Unlock()
@@ -131,7 +152,9 @@ func (pr *Producer) Publish(ctx context.Context, m publish.Message, cb func(publ
 	pr.tags[int64(id)] = waiting{tag: m.Tag, cb: cb, at: time.Now()}
 	pr.mu.Unlock()
 	// Send only queues (the client batches); order of Send calls is the
-	// order on the wire.
+	// order on the wire. It does not take a context, but it does not
+	// block: the client's queue holds a whole window (producerOptions),
+	// and at most a window of messages is unconfirmed.
 	if err := pr.p.Send(Encode(m, id)); err != nil && !errors.Is(err, stream.FrameTooLarge) {
 		pr.fail(fmt.Errorf("send publishing id %d to %s: %w", id, pr.stream, err))
 		return pr.Err()

@@ -15,6 +15,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
+// openProducer opens the client's producer on a stream
+// ((*stream.Environment).NewProducer; a fake in unit tests).
+type openProducer func(streamName string, opts *stream.ProducerOptions) (clientProducer, error)
+
 // rpcTimeout bounds each request to the broker (the client's own timeout).
 const rpcTimeout = 10 * time.Second
 
@@ -30,21 +34,26 @@ type querier interface {
 // Publisher is one connection to the broker's stream protocol (a
 // stream.Environment) and the producers opened on it. No broker call runs
 // under mu, the lock ConfirmWait (/readyz) and Close take: the calls run
-// under openMu, each bounded by the caller's context (call).
+// with the opening slot taken, each bounded by the caller's context (call).
 type Publisher struct {
 	cfg    Config
 	env    *stream.Environment // nil in unit tests
 	query  querier
+	open   openProducer
 	issued *Issued // this process's highest ids per producer name (may be nil)
 	epoch  int64   // the relay epoch of the term: fresh ids start at EpochBase
 
-	openMu sync.Mutex // serialises opening producers and numbering them
+	// opening (its one slot taken) serialises opening producers and
+	// numbering them; a channel so that waiting for it ends with the
+	// caller's context.
+	opening chan struct{}
 
 	mu        sync.Mutex
 	producers map[string]*Producer // by producer name
 	closed    bool
 
-	calls sync.WaitGroup // broker calls under way (call); Close waits for them
+	calls     sync.WaitGroup // broker calls under way (call); Close waits for them, boundedly
+	callsWait time.Duration  // how long Close waits for them (closeWait)
 }
 
 // Dial connects to cfg.URL for a caller that numbers nothing freshly (the
@@ -94,15 +103,38 @@ func scrubbed(err error, uri string) error {
 }
 
 func newPublisher(cfg Config, q querier, env *stream.Environment, issued *Issued, epoch int64) *Publisher {
-	return &Publisher{cfg: cfg, env: env, query: q, issued: issued, epoch: epoch, producers: map[string]*Producer{}}
+	p := &Publisher{cfg: cfg, env: env, query: q, issued: issued, epoch: epoch, producers: map[string]*Producer{},
+		opening: make(chan struct{}, 1), callsWait: closeWait}
+	if env != nil {
+		p.open = func(streamName string, opts *stream.ProducerOptions) (clientProducer, error) {
+			return env.NewProducer(streamName, opts)
+		}
+	}
+	return p
 }
+
+// lockOpen takes the opening slot, or returns ctx's error (what: the
+// caller's action) when ctx ends first.
+func (p *Publisher) lockOpen(ctx context.Context, what string) error {
+	select {
+	case p.opening <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%s: wait for another producer's opening: %w", what, ctx.Err())
+	}
+}
+
+func (p *Publisher) unlockOpen() { <-p.opening }
 
 // Config is the destination the publisher was dialed with.
 func (p *Publisher) Config() Config { return p.cfg }
 
 // call runs f, a broker call without a context of its own (bounded by the
 // client's RPC timeout), and returns its error, or ctx's when ctx ends
-// first. The goroutine is the Publisher's: Close waits for it.
+// first. The goroutine is the Publisher's: Close waits for it, but only
+// for a while (callsWait): the client's calls are bounded by its RPC
+// timeout only once connected, and its reconnection of the locator
+// connection retries without end while the broker is unreachable.
 func (p *Publisher) call(ctx context.Context, what string, f func() error) error {
 	p.mu.Lock()
 	if p.closed {
@@ -171,8 +203,10 @@ func (p *Publisher) Producer(ctx context.Context, prefix string, i int) (*Produc
 
 // ProducerNamed is Producer for the producer name on partition i.
 func (p *Publisher) ProducerNamed(ctx context.Context, name string, i int) (*Producer, error) {
-	p.openMu.Lock()
-	defer p.openMu.Unlock()
+	if err := p.lockOpen(ctx, "open producer "+name); err != nil {
+		return nil, err
+	}
+	defer p.unlockOpen()
 	return p.producerOpen(ctx, name, i)
 }
 
@@ -181,8 +215,10 @@ func (p *Publisher) ProducerNamed(ctx context.Context, name string, i int) (*Pro
 // id, this process's issued ids and the epoch, before anything is sent
 // through it; once per producer and Publisher. It returns the producer.
 func (p *Publisher) StartFresh(ctx context.Context, name string, i int) (*Producer, error) {
-	p.openMu.Lock()
-	defer p.openMu.Unlock()
+	if err := p.lockOpen(ctx, "open producer "+name); err != nil {
+		return nil, err
+	}
+	defer p.unlockOpen()
 	pr, err := p.producerOpen(ctx, name, i)
 	if err != nil || pr.fresh {
 		return pr, err
@@ -196,7 +232,7 @@ func (p *Publisher) StartFresh(ctx context.Context, name string, i int) (*Produc
 	return pr, nil
 }
 
-// producerOpen is ProducerNamed under openMu.
+// producerOpen is ProducerNamed with the opening slot taken.
 func (p *Publisher) producerOpen(ctx context.Context, name string, i int) (*Producer, error) {
 	p.mu.Lock()
 	pr, ok := p.producers[name]
@@ -215,15 +251,12 @@ func (p *Publisher) producerOpen(ctx context.Context, name string, i int) (*Prod
 		p.mu.Unlock()
 		_ = pr.Close()
 	}
-	opts := stream.NewProducerOptions().SetProducerName(name).SetClientProvidedName(name)
-	if p.cfg.ConfirmTimeout > 0 {
-		opts.SetConfirmationTimeOut(p.cfg.ConfirmTimeout)
-	}
-	var sp *stream.Producer
+	opts := p.cfg.producerOptions(name)
+	var sp clientProducer
 	err := p.call(ctx, fmt.Sprintf("open producer %s on stream %s (declare the partition streams: run with --stream-declare)", name, p.cfg.PartitionName(i)),
 		func() error {
 			var err error
-			sp, err = p.env.NewProducer(p.cfg.PartitionName(i), opts)
+			sp, err = p.open(p.cfg.PartitionName(i), opts)
 			if err != nil {
 				return err
 			}
@@ -309,7 +342,12 @@ func (p *Publisher) list() []*Producer {
 
 // Close closes the producers and the connection, and waits for the broker
 // calls under way (the closed connection ends them) and the producers'
-// confirmation goroutines.
+// confirmation goroutines, each for a bounded time: a call stuck in the
+// client's reconnection loop (which retries while the broker is
+// unreachable, without checking that the connection was closed) must not
+// hold a SIGTERM or a pause beyond the shutdown timeout. Such a call's
+// goroutine is left behind (leaked) until the client returns; its result
+// goes nowhere (call's channel is buffered).
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -327,6 +365,17 @@ func (p *Publisher) Close() error {
 			errs = append(errs, fmt.Errorf("close the stream connection: %w", err))
 		}
 	}
-	p.calls.Wait()
+	waited := make(chan struct{})
+	go func() { // ends when the calls do; Close does not wait for it beyond callsWait
+		p.calls.Wait()
+		close(waited)
+	}()
+	t := time.NewTimer(p.callsWait)
+	defer t.Stop()
+	select {
+	case <-waited:
+	case <-t.C:
+		errs = append(errs, fmt.Errorf("close the stream connection: broker calls still under way after %v (the broker unreachable?): left behind", p.callsWait))
+	}
 	return errors.Join(errs...)
 }

@@ -32,8 +32,14 @@ func (l *Lane) Publish(ctx context.Context, m publish.Message) error {
 // the key ”), through the Publisher's producers "<prefix>-<i><suffix>",
 // numbered by them freshly (StartFresh: at least once), each producer
 // asking the broker once, on first use. A producer that failed is replaced
-// at the next Publish (Publisher.StartFresh), so a Router that outlives a
-// failed round (the due-time sweep's) delivers again. Its methods have a
+// (Publisher.StartFresh), so a Router that outlives a failed round (the
+// due-time sweep's) delivers again, but never within a round: while a
+// message this Router sent through a failed producer has no result,
+// Publish returns the failure (and forgets the producer's messages, as
+// Flush does), so the round ends and is published again whole. Replacing
+// it there would store the round's later messages of a key before the
+// failed producer's earlier ones are published again: the stream would
+// read m2 m3 m1 m2 m3. Its methods have a
 // publish.Channel's contract: Publish, Flush, Close. A Router is used by
 // one goroutine; several Routers may share producers.
 type Router struct {
@@ -58,6 +64,9 @@ func (p *Publisher) NewRouter(prefix, suffix string, onResult func(publish.Resul
 // producer.
 func (r *Router) Publish(ctx context.Context, m publish.Message) error {
 	i := Partition(m.Key, m.Publishing.MessageId, r.pub.cfg.Partitions)
+	if err := r.failedInRound(); err != nil {
+		return fmt.Errorf("publish to stream %s: an earlier message of the round has no result: %w", r.pub.cfg.PartitionName(i), err)
+	}
 	pr, err := r.pub.StartFresh(ctx, r.prefix+"-"+strconv.Itoa(i)+r.suffix, i)
 	if err != nil {
 		return err
@@ -71,9 +80,34 @@ func (r *Router) Publish(ctx context.Context, m publish.Message) error {
 		r.done(pr)
 	}); err != nil {
 		r.done(pr)
+		if pr.Err() != nil {
+			// The round ends here: its other messages on pr get no
+			// result, and the next round may replace pr.
+			_ = r.failedInRound()
+		}
 		return fmt.Errorf("publish to stream %s: %w", pr.stream, err)
 	}
 	return nil
+}
+
+// failedInRound returns the failure of a producer that a message published
+// through r and without a result is on (nil when none), and forgets that
+// producer's messages: the caller ends its round (they get no result and
+// are published again), so that the next round may replace the producer.
+func (r *Router) failedInRound() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var failed error
+	for pr := range r.pending {
+		if err := pr.Err(); err != nil {
+			failed = err
+			delete(r.pending, pr)
+		}
+	}
+	if failed != nil && len(r.pending) == 0 {
+		r.idleLocked()
+	}
+	return failed
 }
 
 // done counts one result of pr (or a message it did not send).
