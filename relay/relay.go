@@ -77,10 +77,16 @@ type Relay struct {
 	// serverIdentity reads the identity of the database server (its
 	// server_uuid, or server_id), stored with the ids; streamServer is the
 	// current term's (string), which a reconnected binlog stream must
-	// still reach (checkStreamServer).
+	// still reach (checkStreamServer). streamDumpID is the term server's
+	// server_id, which every binlog dump's own events must carry, the
+	// first dump's included (checkDumpServer; 0: unchecked);
+	// streamDumpSaw is the other server_id a dump of an ended term
+	// carried, for the next term's decision (decideStreamIDs).
 	streamIssued   *streams.Issued
-	serverIdentity func(ctx context.Context) (string, error)
+	serverIdentity func(ctx context.Context) (serverIdent, error)
 	streamServer   atomic.Value
+	streamDumpID   atomic.Uint32
+	streamDumpSaw  atomic.Uint32
 
 	// serverIDUnchecked logs once per process that the binlog preflight
 	// could not check --server-id (it runs again at every re-probe).
@@ -190,7 +196,7 @@ func New(cfg Config) (*Relay, error) {
 	r.readSettings = func(ctx context.Context) (canal.Settings, error) { return canal.ReadSettings(ctx, r.db) }
 	r.openBinlog = r.openBinlogPub
 	r.streamIssued = streams.NewIssued()
-	r.serverIdentity = func(ctx context.Context) (string, error) { return serverIdentity(ctx, r.db) }
+	r.serverIdentity = func(ctx context.Context) (serverIdent, error) { return serverIdentity(ctx, r.db) }
 	if cfg.Stream.Enabled() {
 		r.openBinlog = r.openStreamPub
 		r.openPoll = r.openStreamPolling

@@ -217,6 +217,7 @@ func (b canalBinlog) Open(onRetry func(err error, attempt int)) (source, error) 
 		}
 		return b.r.checkStreamServer(ctx)
 	}
+	cc.CheckDumpServer = b.r.checkDumpServer
 	cc.OnRetry = onRetry
 	tailer, err := canal.New(cc)
 	if err != nil {

@@ -127,12 +127,25 @@ func (p *pipeline) decideStreamIDs(ctx context.Context, progress checkpoint.Prog
 	if !cfg.Enabled() {
 		return nil
 	}
-	server, err := p.r.serverIdentity(ctx)
+	srv, err := p.r.serverIdentity(ctx)
 	if err != nil {
 		return err
 	}
+	server, dumpID := srv.Identity, srv.ID
+	// The identity was read over a pooled connection, which may still
+	// reach the server the address pointed at before a failover. When the
+	// last term's binlog dump was on another server than that, the
+	// identity is not the binlog's: this term neither continues the stored
+	// ids nor marks its own with a server (so no term continues them), and
+	// its dumps must be on the server the last one was on.
+	if saw := p.r.streamDumpSaw.Swap(0); saw != 0 && saw != srv.ID {
+		p.r.log.Warn("stream destination: the last binlog dump was on another server than the one the database pool reads; numbering freshly, the ids stored unmarked",
+			zap.Uint32("dump_server_id", saw), zap.Uint32("pool_server_id", srv.ID), zap.String("pool_server", srv.Identity))
+		server, dumpID = "", saw
+	}
 	p.streamServer = server
 	p.r.streamServer.Store(server)
+	p.r.streamDumpID.Store(dumpID)
 	st := progress.StreamIDs
 	p.streamCont = resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions &&
 		len(st.IDs) == cfg.Partitions && st.Server != "" && st.Server == server
@@ -348,22 +361,36 @@ func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublis
 	return sp, p, nil
 }
 
-// serverIdentity is the identity of the server behind db: "uuid:" and its
-// @@server_uuid (MySQL), or "server_id:" and its @@server_id where there is
-// no uuid (MariaDB; servers of one replication topology have distinct
-// server ids).
-func serverIdentity(ctx context.Context, db *sql.DB) (string, error) {
-	var uuid sql.NullString
-	if err := db.QueryRowContext(ctx, "SELECT @@server_uuid").Scan(&uuid); err == nil && uuid.String != "" {
-		return "uuid:" + uuid.String, nil
-	} else if ctx.Err() != nil {
-		return "", fmt.Errorf("read the database server's identity: %w", ctx.Err())
+// serverIdent is a database server's identity: Identity is "uuid:" and its
+// @@server_uuid (MySQL), or "server_id:" and its @@server_id where there
+// is no uuid (MariaDB; servers of one replication topology have distinct
+// server ids); ID is its @@server_id, which the header of every event it
+// sends in a binlog dump carries (0: unknown).
+type serverIdent struct {
+	Identity string
+	ID       uint32
+}
+
+// serverIdentity is the identity of the server behind db, both read over
+// one connection.
+func serverIdentity(ctx context.Context, db *sql.DB) (serverIdent, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return serverIdent{}, fmt.Errorf("read the database server's identity: %w", err)
 	}
+	defer conn.Close()
 	var id uint64
-	if err := db.QueryRowContext(ctx, "SELECT @@server_id").Scan(&id); err != nil {
-		return "", fmt.Errorf("read the database server's identity (@@server_id): %w", err)
+	if err := conn.QueryRowContext(ctx, "SELECT @@server_id").Scan(&id); err != nil {
+		return serverIdent{}, fmt.Errorf("read the database server's identity (@@server_id): %w", err)
 	}
-	return "server_id:" + strconv.FormatUint(id, 10), nil
+	srv := serverIdent{Identity: "server_id:" + strconv.FormatUint(id, 10), ID: uint32(id)}
+	var uuid sql.NullString
+	if err := conn.QueryRowContext(ctx, "SELECT @@server_uuid").Scan(&uuid); err == nil && uuid.String != "" {
+		srv.Identity = "uuid:" + uuid.String
+	} else if ctx.Err() != nil {
+		return serverIdent{}, fmt.Errorf("read the database server's identity (@@server_uuid): %w", ctx.Err())
+	}
+	return srv, nil
 }
 
 // checkStreamServer is part of the tailer's CheckServer with the stream
@@ -376,13 +403,33 @@ func (r *Relay) checkStreamServer(ctx context.Context) error {
 	if !r.cfg.Stream.Enabled() || want == "" {
 		return nil
 	}
-	got, err := r.serverIdentity(ctx)
+	srv, err := r.serverIdentity(ctx)
 	if err != nil {
 		return err // retried with the connection
 	}
-	if got != want {
+	if got := srv.Identity; got != want {
 		return &canal.StopError{Err: fmt.Errorf("the binlog stream reconnected to another server (%s; the term started on %s): "+
 			"restarting the term, whose stream publishing ids then start fresh", got, want)}
 	}
 	return nil
+}
+
+// checkDumpServer is the tailer's CheckDumpServer with the stream
+// destination: serverID is the server_id in the header of the first event
+// of a binlog dump (the server's artificial ROTATE), the first dump of the
+// term included, before any row of it is published. A dump on another
+// server than the one whose identity decided the term's ids (read over a
+// pooled connection: the address may have moved in between, or the pool
+// may hold a connection to the old server) ends the term: continuing the
+// stored ids on another server's binlog, whose order may differ, would
+// make the broker drop messages as duplicates. The next term decides
+// again, knowing which server the dump was on.
+func (r *Relay) checkDumpServer(serverID uint32) error {
+	want := r.streamDumpID.Load()
+	if !r.cfg.Stream.Enabled() || want == 0 || serverID == want {
+		return nil
+	}
+	r.streamDumpSaw.Store(serverID)
+	return &canal.StopError{Err: fmt.Errorf("the binlog dump is on the server with server_id %d, but the term's stream publishing ids were decided for server_id %d "+
+		"(the address moved, or the database pool reached the old server): restarting the term, whose ids then start fresh", serverID, want)}
 }

@@ -45,7 +45,7 @@ func TestUnitStreamIDsContinueOnlyTheirOwnContinuation(t *testing.T) {
 	issued.Note("r-2", base+10) // an earlier term of this process, not drained
 	u.p.r.streamIssued = issued
 	server := "uuid:A"
-	u.p.r.serverIdentity = func(context.Context) (string, error) { return server, nil }
+	u.p.r.serverIdentity = func(context.Context) (serverIdent, error) { return serverIdent{Identity: server}, nil }
 	u.p.pub = fakeStreamPub{fakeBinlogPub: u.pub, last: []uint64{5, base + 3, 0}}
 
 	stored := &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: []uint64{4, 8, 9}, Server: "uuid:A"}
@@ -109,7 +109,7 @@ func TestUnitStreamIDsContinueOnlyTheirOwnContinuation(t *testing.T) {
 func TestUnitStreamReconnectToAnotherServerEndsTheTerm(t *testing.T) {
 	r := unitRelay(t, newFakeStore(), func(c *Config) { c.Stream = streams.Config{Stream: "s", Partitions: 1, Producer: "r"} })
 	server := "uuid:A"
-	r.serverIdentity = func(context.Context) (string, error) { return server, nil }
+	r.serverIdentity = func(context.Context) (serverIdent, error) { return serverIdent{Identity: server}, nil }
 	r.streamServer.Store("uuid:A")
 	if err := r.checkStreamServer(context.Background()); err != nil {
 		t.Fatalf("same server: %v", err)
@@ -175,5 +175,62 @@ func TestUnitHandoverModeTravelsWithThePosition(t *testing.T) {
 	})
 	if _, _, last := u.store.acked(); last.Mode != string(ModePoll) || last.StreamIDs != nil {
 		t.Fatalf("position inside the window stored with mode %q and ids %+v, want poll and none", last.Mode, last.StreamIDs)
+	}
+}
+
+// Finding C: the identity that decides whether the stored ids continue is
+// read over a pooled connection before the first dump; the address may
+// move in between, or the pool may still reach the old server. The first
+// dump's own server_id (its first event's header) is checked too: another
+// server ends the term, and the next term, whose pool may still read the
+// old server, neither continues the ids nor marks its own with a server,
+// and expects its dumps on the server the last one was on.
+func TestUnitStreamFirstDumpOnAnotherServerEndsTheTerm(t *testing.T) {
+	u := startUnitPipeline(t, func(c *Config) {
+		c.RelayName = "r"
+		c.Stream = streams.Config{Stream: "s", Partitions: 1, Producer: "r"}
+	})
+	ctx := context.Background()
+	u.p.r.serverIdentity = func(context.Context) (serverIdent, error) {
+		return serverIdent{Identity: "server_id:1", ID: 1}, nil // the pool reads server A
+	}
+	u.p.pub = fakeStreamPub{fakeBinlogPub: u.pub, last: []uint64{9}}
+	stored := &checkpoint.StreamIDs{Stream: "s", Partitions: 1, IDs: []uint64{7}, Server: "server_id:1"}
+	decide := func() {
+		t.Helper()
+		u.store.mu.Lock()
+		u.store.progress.StreamIDs = stored
+		u.store.mu.Unlock()
+		progress, _ := u.store.Load(ctx)
+		if err := u.p.decideStreamIDs(ctx, progress, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decide()
+	if !u.p.streamCont {
+		t.Fatal("the stored ids of the pool's server are not continued")
+	}
+	if err := u.p.r.checkDumpServer(1); err != nil {
+		t.Fatalf("first dump on the term's server: %v", err)
+	}
+	// The first dump is on server B (server_id 2).
+	var stop *canal.StopError
+	if err := u.p.r.checkDumpServer(2); !errors.As(err, &stop) {
+		t.Fatalf("first dump on another server: %v, want a *canal.StopError ending the term", err)
+	}
+
+	// The next term: the pool still reads A.
+	decide()
+	if u.p.streamCont {
+		t.Fatal("the next term continues server A's ids though its dump was on B")
+	}
+	if got := u.p.streamIDsAt(mark{ids: []uint64{11}}); got == nil || got.Server != "" {
+		t.Fatalf("ids stored as %+v, want them unmarked (never continued)", got)
+	}
+	if err := u.p.r.checkDumpServer(2); err != nil {
+		t.Fatalf("dump on the server the last dump was on: %v", err)
+	}
+	if err := u.p.r.checkDumpServer(1); !errors.As(err, &stop) {
+		t.Fatalf("dump on A after deciding for B: %v, want a *canal.StopError", err)
 	}
 }
