@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
 
 	"github.com/outbox-relay/outbox-relay/internal/redact"
+	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // Defaults of Config.
@@ -49,6 +51,40 @@ type Config struct {
 	// URL the client dials (the client takes the credentials from the URL
 	// only).
 	PasswordFile string
+	// TLS holds the TLS files (--amqp-tls-ca, --amqp-tls-cert,
+	// --amqp-tls-key; its PasswordFile is not used) of a
+	// rabbitmq-stream+tls:// URL, read at every Dial. The broker's name is
+	// checked against the URL's host.
+	TLS publish.ConnOptions
+}
+
+// IsTLS reports whether the URL is rabbitmq-stream+tls://.
+func (c Config) IsTLS() bool { return strings.HasPrefix(c.URL, "rabbitmq-stream+tls://") }
+
+// tlsConfig is the TLS configuration of a rabbitmq-stream+tls:// URL (nil
+// for rabbitmq-stream://): TLS's CA (else the system's roots) and client
+// certificate, ServerName the URL's host (the client sets none: without it
+// every handshake fails). external: the client certificate logs in (SASL
+// EXTERNAL), as with AMQP, when the URL has no password and there is no
+// password file.
+func (c Config) tlsConfig() (cfg *tls.Config, external bool, err error) {
+	if !c.IsTLS() {
+		return nil, false, nil
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return nil, false, fmt.Errorf("--stream-url %s does not parse", redact.URL(c.URL))
+	}
+	cfg, err = c.TLS.TLSConfig()
+	if err != nil {
+		return nil, false, fmt.Errorf("TLS of the stream connection: %w", err)
+	}
+	if cfg == nil {
+		cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	cfg.ServerName = u.Hostname()
+	_, hasPassword := u.User.Password()
+	return cfg, len(cfg.Certificates) > 0 && !hasPassword && c.PasswordFile == "", nil
 }
 
 // dialURL is the URL the client dials: URL with PasswordFile's password.
@@ -120,6 +156,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := url.Parse(c.URL); err != nil || !strings.HasPrefix(c.URL, "rabbitmq-stream") {
 		return fmt.Errorf("--stream-url %s: the form is rabbitmq-stream://user:pass@host:5552/vhost (rabbitmq-stream+tls:// for TLS)", redact.URL(c.URL))
+	}
+	if _, _, err := c.tlsConfig(); err != nil {
+		return err
 	}
 	return nil
 }

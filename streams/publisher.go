@@ -72,6 +72,16 @@ func DialTerm(cfg Config, issued *Issued, epoch int64) (*Publisher, error) {
 		return nil, err
 	}
 	opts := stream.NewEnvironmentOptions().SetUri(uri).SetRPCTimeout(rpcTimeout)
+	tc, external, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		opts.SetTLSConfig(tc)
+		if external {
+			opts.SetSaslConfiguration(stream.SaslConfigurationExternal)
+		}
+	}
 	if u, err := url.Parse(cfg.URL); err == nil && u.Hostname() != "" {
 		port := u.Port()
 		if port == "" {

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/publish"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/streams"
 )
@@ -41,6 +42,11 @@ func streamConfig(cfg *relay.Config) error {
 			// Read at every dial, as the AMQP connection does.
 			s.PasswordFile = cfg.AMQPOptions.PasswordFile
 		}
+	}
+	if s.IsTLS() {
+		// The same broker: the AMQP connection's CA and client certificate.
+		o := cfg.AMQPOptions
+		s.TLS = publish.ConnOptions{TLSCA: o.TLSCA, TLSCert: o.TLSCert, TLSKey: o.TLSKey}
 	}
 	if err := s.Validate(); err != nil {
 		return usagef("%v", err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -26,6 +27,32 @@ func TestUnitStreamConfigTakesThePasswordFile(t *testing.T) {
 		}
 		if cfg.Stream.PasswordFile != c.want {
 			t.Errorf("%s: stream password file %q, want %q", c.name, cfg.Stream.PasswordFile, c.want)
+		}
+	}
+}
+
+// The stream connection derived from an amqps:// --amqp-url uses the AMQP
+// connection's TLS files (finding E); a plain one does not.
+func TestUnitStreamConfigTakesTheTLSFiles(t *testing.T) {
+	for _, c := range []struct {
+		name, amqp string
+		tls        bool
+	}{
+		{"amqps", "amqps://relay:x@rabbit.example:5671/", true},
+		{"amqp", "amqp://relay:x@rabbit.example:5672/", false},
+	} {
+		cfg := relay.Config{AMQPURL: c.amqp, RelayName: "r", Stream: streams.Config{Stream: "s", Partitions: 1}}
+		cfg.AMQPOptions.TLSCA = "/etc/ca.pem"
+		if c.tls {
+			// The CA file does not exist: refused, naming it.
+			if err := streamConfig(&cfg); err == nil || !strings.Contains(err.Error(), "/etc/ca.pem") {
+				t.Fatalf("%s: %v, want the missing CA file named", c.name, err)
+			}
+		} else if err := streamConfig(&cfg); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := cfg.Stream.TLS.TLSCA == "/etc/ca.pem"; got != c.tls {
+			t.Errorf("%s: stream TLS CA %q", c.name, cfg.Stream.TLS.TLSCA)
 		}
 	}
 }
