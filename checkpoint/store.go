@@ -137,6 +137,11 @@ type StreamIDs struct {
 	// transactions differently, so a term on another server does not
 	// continue the ids.
 	Server string `json:"server,omitempty"`
+	// At is the position the ids were stored with (position.Position's
+	// String). A binary without the stream destination (before migration
+	// 0010) moves the position without touching stream_ids; a term
+	// continues the ids only when At is still the stored position.
+	At string `json:"at,omitempty"`
 }
 
 // encodeStreamIDs is the column value of ids (nil: NULL).

@@ -73,7 +73,7 @@ func (p *pipeline) streamIDsAt(m mark) *checkpoint.StreamIDs {
 		return nil
 	}
 	return &checkpoint.StreamIDs{Stream: p.r.cfg.Stream.Stream, Partitions: p.r.cfg.Stream.Partitions, IDs: m.ids,
-		Server: p.streamServer}
+		Server: p.streamServer, At: m.Position.String()}
 }
 
 // ackMode is the mode an acknowledgement stores with position m: poll for a
@@ -148,14 +148,16 @@ func (p *pipeline) decideStreamIDs(ctx context.Context, progress checkpoint.Prog
 	p.r.streamDumpID.Store(dumpID)
 	st := progress.StreamIDs
 	p.streamCont = resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions &&
-		len(st.IDs) == cfg.Partitions && st.Server != "" && st.Server == server
+		len(st.IDs) == cfg.Partitions && st.Server != "" && st.Server == server &&
+		st.At == storedPosition(progress).String() // not moved by a binary that leaves stream_ids as they are
 	if p.streamCont {
 		return nil
 	}
 	if st != nil {
 		p.r.log.Info("stream destination: the stored publishing ids do not continue this term; clearing them",
 			zap.Bool("resume", resume), zap.String("stored_server", st.Server), zap.String("server", server),
-			zap.Int("stored_partitions", st.Partitions), zap.String("stored_stream", st.Stream))
+			zap.Int("stored_partitions", st.Partitions), zap.String("stored_stream", st.Stream),
+			zap.String("stored_at", st.At))
 	}
 	return p.store.ClearStreamIDs(ctx, p.epoch)
 }

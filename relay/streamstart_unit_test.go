@@ -48,7 +48,12 @@ func TestUnitStreamIDsContinueOnlyTheirOwnContinuation(t *testing.T) {
 	u.p.r.serverIdentity = func(context.Context) (serverIdent, error) { return serverIdent{Identity: server}, nil }
 	u.p.pub = fakeStreamPub{fakeBinlogPub: u.pub, last: []uint64{5, base + 3, 0}}
 
-	stored := &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: []uint64{4, 8, 9}, Server: "uuid:A"}
+	progress0, _ := u.store.Load(ctx)
+	at := storedPosition(progress0).String()
+	stored := &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: []uint64{4, 8, 9}, Server: "uuid:A", At: at}
+	// A binary older than the stream destination moved the position and
+	// left the ids (a rolling downgrade, then the upgrade again).
+	moved := &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: []uint64{4, 8, 9}, Server: "uuid:A", At: at + ",0-1-1"}
 	fresh := []uint64{base - 1, base + 3, base + 10}
 	cases := []struct {
 		name   string
@@ -59,6 +64,7 @@ func TestUnitStreamIDsContinueOnlyTheirOwnContinuation(t *testing.T) {
 	}{
 		{"resume on the same server", stored, true, "uuid:A", stored.IDs},
 		{"resume on another server", stored, true, "uuid:B", fresh},
+		{"position moved without the ids", moved, true, "uuid:A", fresh},
 		{"first start, poll term or lossy failover", stored, false, "uuid:A", fresh},
 		{"no stored ids", nil, true, "uuid:A", fresh},
 		{"another partition count", &checkpoint.StreamIDs{Stream: "s", Partitions: 2, IDs: []uint64{4, 8}, Server: "uuid:A"}, true, "uuid:A", fresh},
@@ -195,7 +201,8 @@ func TestUnitStreamFirstDumpOnAnotherServerEndsTheTerm(t *testing.T) {
 		return serverIdent{Identity: "server_id:1", ID: 1}, nil // the pool reads server A
 	}
 	u.p.pub = fakeStreamPub{fakeBinlogPub: u.pub, last: []uint64{9}}
-	stored := &checkpoint.StreamIDs{Stream: "s", Partitions: 1, IDs: []uint64{7}, Server: "server_id:1"}
+	progress0, _ := u.store.Load(ctx)
+	stored := &checkpoint.StreamIDs{Stream: "s", Partitions: 1, IDs: []uint64{7}, Server: "server_id:1", At: storedPosition(progress0).String()}
 	decide := func() {
 		t.Helper()
 		u.store.mu.Lock()
