@@ -253,3 +253,45 @@ func TestUnitSendDoesNotBlockTheLane(t *testing.T) {
 		t.Fatal("Publish ignores its context behind a stuck Send")
 	}
 }
+
+// P0 fails while the round's next Publish waits for the opening slot
+// (another worker opening a producer), after it found no failure: the
+// opening replaces P0, but m2 must not go to the replacement (stored while
+// m1, on P0, was not: the retried round would make the stream read m2 m1
+// m2). Publish returns P0's failure.
+func TestUnitRouterEndsTheRoundOnAFailureWhileOpening(t *testing.T) {
+	p, fc := fakePublisher(t, 8)
+	ctx := context.Background()
+	r := p.NewRouter("d", "", func(publish.Result) {})
+	if err := r.Publish(ctx, msg("K", "m1")); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p0 := p.producers["d-0"]
+	p.mu.Unlock()
+
+	p.opening <- struct{}{} // another worker opens a producer
+	done := make(chan error, 1)
+	go func() { done <- r.Publish(ctx, msg("K", "m2")) }()
+	time.Sleep(20 * time.Millisecond) // Publish(m2) waits in lockOpen
+	fc.opened[0].drop()
+	waitFailed(t, p0)
+	p.unlockOpen()
+
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrFailed) {
+			t.Fatalf("Publish(m2) after P0 failed under it: %v, want P0's failure", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Publish(m2) hangs")
+	}
+	fc.mu.Lock()
+	opened := append([]*fakeProducer(nil), fc.opened...)
+	fc.mu.Unlock()
+	for i, fp := range opened[1:] {
+		if n := fp.sentCount(); n != 0 {
+			t.Fatalf("replacement %d of P0 took %d of the round's messages", i+1, n)
+		}
+	}
+}

@@ -71,6 +71,14 @@ func (r *Router) Publish(ctx context.Context, m publish.Message) error {
 	if err != nil {
 		return err
 	}
+	// Once more: a producer of the round may have failed while StartFresh
+	// waited (for the opening slot, the broker), and StartFresh replaced
+	// it; m would go to the replacement and be stored while an earlier
+	// message of its key, on the failed one, was not. A replaced
+	// producer's failure never clears, so this check cannot miss it.
+	if err := r.failedInRound(); err != nil {
+		return fmt.Errorf("publish to stream %s: an earlier message of the round has no result: %w", r.pub.cfg.PartitionName(i), err)
+	}
 	r.mu.Lock()
 	r.pending[pr]++
 	r.mu.Unlock()
