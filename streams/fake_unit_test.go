@@ -23,7 +23,7 @@ type fakeClient struct {
 func (c *fakeClient) open(streamName string, opts *stream.ProducerOptions) (clientProducer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	fp := &fakeProducer{closeEv: make(chan stream.Event, 1)}
+	fp := &fakeProducer{closeEv: make(chan stream.Event, 1), confirms: make(stream.ChannelPublishConfirm)}
 	c.opened = append(c.opened, fp)
 	c.opts = append(c.opts, opts)
 	return fp, nil
@@ -38,11 +38,12 @@ func (c *fakeClient) count() int {
 // fakeProducer records what is sent and confirms nothing; drop makes it
 // fail as a lost connection does; block makes Send hang until released.
 type fakeProducer struct {
-	mu      sync.Mutex
-	sent    int
-	closeEv chan stream.Event
-	block   chan struct{}
-	once    sync.Once
+	mu       sync.Mutex
+	sent     int
+	closeEv  chan stream.Event
+	confirms stream.ChannelPublishConfirm
+	block    chan struct{}
+	once     sync.Once
 }
 
 func (f *fakeProducer) Send(message.StreamMessage) error {
@@ -57,13 +58,13 @@ func (f *fakeProducer) Send(message.StreamMessage) error {
 }
 
 func (f *fakeProducer) NotifyPublishConfirmation() stream.ChannelPublishConfirm {
-	return make(stream.ChannelPublishConfirm)
+	return f.confirms
 }
 
 func (f *fakeProducer) NotifyClose() stream.ChannelClose { return f.closeEv }
 
 func (f *fakeProducer) Close() error {
-	f.once.Do(func() { close(f.closeEv) })
+	f.once.Do(func() { close(f.closeEv); close(f.confirms) }) // as the client's close does
 	return nil
 }
 

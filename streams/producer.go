@@ -39,6 +39,12 @@ type Producer struct {
 	done    chan struct{} // closed when the confirmation loop ends
 	closing bool
 
+	closeOnce    sync.Once
+	clientClosed chan struct{} // closed when the client's Close has returned
+	closeErr     error         // its error (read once clientClosed is closed)
+	quitOnce     sync.Once
+	quit         chan struct{} // closed when a Close gives up waiting: the confirmation loop stops draining
+
 	issued *Issued // the process's record of ids given per name (may be nil)
 
 	// fresh: StartFresh has made it number above FreshAfter
@@ -72,6 +78,7 @@ func newProducer(p clientProducer, name, streamName string, window int, issued *
 		name: name, stream: streamName, p: p, issued: issued, send: make(chan struct{}, 1),
 		window: make(chan struct{}, window), tags: map[int64]waiting{},
 		failed: make(chan struct{}), idle: make(chan struct{}), done: make(chan struct{}),
+		clientClosed: make(chan struct{}), quit: make(chan struct{}),
 	}
 	go pr.confirmations(p.NotifyPublishConfirmation(), p.NotifyClose())
 	return pr
@@ -166,7 +173,9 @@ func (pr *Producer) Publish(ctx context.Context, m publish.Message, cb func(publ
 // dropped as duplicates: they are stored already). A message too large for
 // a frame is Returned (it goes to outbox_failed; its id stays unused, which
 // the broker allows). Anything else unconfirmed, or the producer closed
-// under it, fails the producer.
+// under it, fails the producer. The loop is the Producer's: it ends when
+// the client closes the confirmation channel, or when a Close gives up
+// waiting for that (quit).
 func (pr *Producer) confirmations(confirms stream.ChannelPublishConfirm, closed stream.ChannelClose) {
 	defer close(pr.done)
 	for {
@@ -182,9 +191,29 @@ func (pr *Producer) confirmations(confirms stream.ChannelPublishConfirm, closed 
 		case ev, ok := <-closed:
 			if !ok {
 				pr.fail(fmt.Errorf("producer %s on %s closed", pr.name, pr.stream))
+			} else {
+				pr.fail(fmt.Errorf("producer %s on %s closed: %s %v", pr.name, pr.stream, ev.Reason, ev.Err))
+			}
+			pr.drain(confirms)
+			return
+		}
+	}
+}
+
+// drain reads what the client still sends on confirms after its close
+// event, until it closes confirms or a Close gives up (quit): the client's
+// close sends the messages it never wrote and flushes the unconfirmed ones
+// there, holding its confirmation lock, and would block forever with
+// nobody reading (the channel holds one batch). They get no result: the
+// producer has failed, and its caller publishes them again.
+func (pr *Producer) drain(confirms stream.ChannelPublishConfirm) {
+	for {
+		select {
+		case _, ok := <-confirms:
+			if !ok {
 				return
 			}
-			pr.fail(fmt.Errorf("producer %s on %s closed: %s %v", pr.name, pr.stream, ev.Reason, ev.Err))
+		case <-pr.quit:
 			return
 		}
 	}
@@ -281,26 +310,59 @@ func (pr *Producer) Flush(ctx context.Context) error {
 	}
 }
 
-// Close closes the producer and waits for its confirmation goroutine,
-// which ends when the client closes the producer's channels; messages
-// without a result get none.
+// Close closes the producer and waits for the client's close and the
+// confirmation goroutine, at most closeWait (closeBy); messages without a
+// result get none.
 func (pr *Producer) Close() error {
-	pr.mu.Lock()
-	pr.closing = true
-	pr.mu.Unlock()
-	err := pr.p.Close()
-	t := time.NewTimer(closeWait)
-	defer t.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	return pr.closeBy(ctx)
+}
+
+// startClose starts the client's Close, once, and returns at once.
+func (pr *Producer) startClose() {
+	pr.closeOnce.Do(func() {
+		pr.mu.Lock()
+		pr.closing = true
+		pr.mu.Unlock()
+		// The Producer's goroutine; closeBy waits for it until its
+		// deadline. Left behind when the client's Close never returns (a
+		// batch writer blocked on a stalled socket holds the lock the
+		// client's close needs): the client offers no way to abort it.
+		go func() {
+			pr.closeErr = pr.p.Close()
+			close(pr.clientClosed)
+		}()
+	})
+}
+
+// closeBy closes the producer (startClose) and waits until ctx ends for
+// the client's Close to return and the confirmation goroutine to end. When
+// ctx ends first it returns an error naming what is left running, and the
+// confirmation goroutine stops draining.
+func (pr *Producer) closeBy(ctx context.Context) error {
+	pr.startClose()
+	select {
+	case <-pr.clientClosed:
+	case <-ctx.Done():
+		pr.giveUp()
+		return fmt.Errorf("close stream producer %s: the client's close still running at the close deadline (%w): left running", pr.name, ctx.Err())
+	}
 	select {
 	case <-pr.done:
-	case <-t.C:
-		return fmt.Errorf("close stream producer %s: its confirmations did not end within %v", pr.name, closeWait)
+	case <-ctx.Done():
+		pr.giveUp()
+		return fmt.Errorf("close stream producer %s: its confirmations did not end by the close deadline (%w)", pr.name, ctx.Err())
 	}
-	if err != nil && !errors.Is(err, stream.AlreadyClosed) {
+	if err := pr.closeErr; err != nil && !errors.Is(err, stream.AlreadyClosed) {
 		return fmt.Errorf("close stream producer %s: %w", pr.name, err)
 	}
 	return nil
 }
 
-// closeWait bounds Close's wait for the confirmation goroutine.
+// giveUp ends the confirmation goroutine's draining (Close waits no more).
+func (pr *Producer) giveUp() { pr.quitOnce.Do(func() { close(pr.quit) }) }
+
+// closeWait bounds Close's wait for the client's close and the
+// confirmation goroutine (Publisher.Close: for all of them at once).
 const closeWait = 5 * time.Second

@@ -50,6 +50,7 @@ type Publisher struct {
 
 	mu        sync.Mutex
 	producers map[string]*Producer // by producer name
+	retired   []*Producer          // failed producers replaced, closing (startClose); Close waits for them
 	closed    bool
 
 	calls     sync.WaitGroup // broker calls under way (call); Close waits for them, boundedly
@@ -255,11 +256,15 @@ func (p *Publisher) producerOpen(ctx context.Context, name string, i int) (*Prod
 		// Failed (a message not confirmed, its connection lost): replaced,
 		// so that a caller that goes on (the due-time sweep) is not stuck
 		// with it.
+		// Its close runs on (startClose): the client's close takes
+		// seconds, and may never return, and the opening slot is held
+		// here. Close waits for it, boundedly.
 		after = pr.Last()
+		pr.startClose()
 		p.mu.Lock()
 		delete(p.producers, name)
+		p.retireLocked(pr)
 		p.mu.Unlock()
-		_ = pr.Close()
 	}
 	opts := p.cfg.producerOptions(name)
 	var sp clientProducer
@@ -290,11 +295,30 @@ func (p *Publisher) producerOpen(ctx context.Context, name string, i int) (*Prod
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		_ = pr.Close()
+		pr.startClose() // Close has listed the producers already: left to close on its own
 		return nil, fmt.Errorf("open producer %s: %w", name, ErrPublisherClosed)
 	}
 	p.producers[name] = pr
 	return pr, nil
+}
+
+// retireLocked keeps pr, a replaced producer closing, for Close to wait
+// for; those closed already are forgotten. p.mu is held.
+func (p *Publisher) retireLocked(pr *Producer) {
+	kept := p.retired[:0]
+	for _, r := range p.retired {
+		select {
+		case <-r.clientClosed:
+			select {
+			case <-r.done:
+				continue
+			default:
+			}
+		default:
+		}
+		kept = append(kept, r)
+	}
+	p.retired = append(kept, pr)
 }
 
 // Declare declares the partition streams that do not exist yet (those an
@@ -350,14 +374,19 @@ func (p *Publisher) list() []*Producer {
 	return out
 }
 
-// Close closes the producers and the connection, and waits for the broker
-// calls under way (the closed connection ends them) and the producers'
-// confirmation goroutines, each for a bounded time: a call stuck in the
-// client's reconnection loop (which retries while the broker is
-// unreachable, without checking that the connection was closed) must not
-// hold a SIGTERM or a pause beyond the shutdown timeout. Such a call's
-// goroutine is left behind (leaked) until the client returns; its result
-// goes nowhere (call's channel is buffered).
+// Close closes the producers (those replaced included) and the
+// connection, and waits for the broker calls under way (the closed
+// connection ends them) and the producers' confirmation goroutines, all at
+// once and under one deadline (callsWait, closeWait): the client's
+// producer close takes seconds each (and a delete request bounded by the
+// RPC timeout), and may never return (a batch writer blocked on a stalled
+// socket holds the lock it needs), and a call stuck in the client's
+// reconnection loop (which retries while the broker is unreachable,
+// without checking that the connection was closed) must not hold a
+// SIGTERM or a pause beyond the shutdown timeout. What is still running at
+// the deadline is named in the error and left behind (leaked) until the
+// client returns: the client offers no way to abort it; its result goes
+// nowhere (the channels are buffered).
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -365,26 +394,61 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
-	p.mu.Unlock()
-	var errs []error
-	for _, pr := range p.list() {
-		errs = append(errs, pr.Close())
+	prs := append(make([]*Producer, 0, len(p.producers)+len(p.retired)), p.retired...)
+	for _, pr := range p.producers {
+		prs = append(prs, pr)
 	}
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), p.callsWait)
+	defer cancel()
+	for _, pr := range prs {
+		pr.startClose()
+	}
+	envClosed := make(chan error, 1)
 	if p.env != nil {
-		if err := p.env.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("close the stream connection: %w", err))
-		}
+		// Left behind when env.Close never returns (see above). It starts
+		// once the producers' own closes have returned, or halfway to
+		// the deadline: env.Close closes the producers still registered
+		// too, and the client's close of one producer must not run twice
+		// at once (its status check is not atomic: a second close sends
+		// on a closed channel and panics); by then each has marked itself
+		// closed, so env.Close's returns AlreadyClosed.
+		go func() {
+			half := time.NewTimer(p.callsWait / 2)
+			defer half.Stop()
+		wait:
+			for _, pr := range prs {
+				select {
+				case <-pr.clientClosed:
+				case <-half.C:
+					break wait
+				}
+			}
+			envClosed <- p.env.Close()
+		}()
 	}
 	waited := make(chan struct{})
-	go func() { // ends when the calls do; Close does not wait for it beyond callsWait
+	go func() { // ends when the calls do; Close does not wait for it beyond the deadline
 		p.calls.Wait()
 		close(waited)
 	}()
-	t := time.NewTimer(p.callsWait)
-	defer t.Stop()
+	var errs []error
+	for _, pr := range prs {
+		errs = append(errs, pr.closeBy(ctx))
+	}
+	if p.env != nil {
+		select {
+		case err := <-envClosed:
+			if err != nil {
+				errs = append(errs, fmt.Errorf("close the stream connection: %w", err))
+			}
+		case <-ctx.Done():
+			errs = append(errs, fmt.Errorf("close the stream connection: still closing after %v: left running", p.callsWait))
+		}
+	}
 	select {
 	case <-waited:
-	case <-t.C:
+	case <-ctx.Done():
 		errs = append(errs, fmt.Errorf("close the stream connection: broker calls still under way after %v (the broker unreachable?): left behind", p.callsWait))
 	}
 	return errors.Join(errs...)
