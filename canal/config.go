@@ -91,6 +91,16 @@ type Config struct {
 	// error counts as a failed connection and is retried.
 	CheckServer func(ctx context.Context) error
 
+	// CheckDumpServer, if set, is called from Run's goroutine with the
+	// server_id in the header of the first event of every dump, the first
+	// dump of a Run included, before any other event of it is handled: the
+	// artificial ROTATE both MySQL and MariaDB send first carries the
+	// server_id of the server the binlog connection is on (unlike a query
+	// over another connection, it cannot have reached another server). An
+	// error wrapped in a *StopError ends Run with that error; any other
+	// error counts as a failed connection and is retried.
+	CheckDumpServer func(serverID uint32) error
+
 	// OnServerIDUnchecked, if set, receives Preflight's reason, in words,
 	// when it cannot check ServerID against the server's other replicas
 	// (the user may not list them), instead of the warning Preflight logs

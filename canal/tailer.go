@@ -157,10 +157,15 @@ func (t *Tailer) stream(ctx context.Context, s *session) error {
 		return fmt.Errorf("start binlog dump after %s: %w", s.committed, err)
 	}
 	s.beginConnection()
-	for {
+	for first := true; ; first = false {
 		ev, err := st.GetEvent(ctx)
 		if err != nil {
 			return fmt.Errorf("read binlog after %s: %w", s.committed, err)
+		}
+		if first && t.cfg.CheckDumpServer != nil {
+			if err := t.cfg.CheckDumpServer(ev.Header.ServerID); err != nil {
+				return fmt.Errorf("check the server of the binlog dump after %s: %w", s.committed, err)
+			}
 		}
 		if err := s.event(ctx, ev); err != nil {
 			return err

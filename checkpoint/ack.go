@@ -25,6 +25,11 @@ type Ack struct {
 	MessageIDs  []outbox.MessageID // of each row of IDs, in IDs' order (ordering.Batch.MessageIDs)
 	Failed      []ordering.Failure
 	LastEventAt time.Time
+	// StreamIDs are the stream destination's publishing ids at Pos, stored
+	// with it (HasPos only). nil stores NULL: any position written without
+	// them (a leader publishing to exchanges) no longer has ids that
+	// continue it.
+	StreamIDs *StreamIDs
 }
 
 // Execer is what AckRows writes through: a *sql.Tx in practice, so the rows
@@ -168,12 +173,18 @@ func (s *Store) updateProgress(ctx context.Context, db Execer, epoch int64, a *A
 		lastEvent = a.LastEventAt.UTC()
 	}
 	p := a.Pos
+	ids, err := encodeStreamIDs(a.StreamIDs)
+	if err != nil {
+		return 0, err
+	}
+	// The stream ids go in the same statement as the position: they always
+	// describe the same point.
 	res, err := db.ExecContext(ctx, `UPDATE outbox_relay_progress SET
 		flavor = IF(?, ?, flavor), gtid_set = IF(?, ?, gtid_set), binlog_file = IF(?, ?, binlog_file),
-		binlog_pos = IF(?, ?, binlog_pos), mode = COALESCE(?, mode),
+		binlog_pos = IF(?, ?, binlog_pos), stream_ids = IF(?, ?, stream_ids), mode = COALESCE(?, mode),
 		last_event_at = GREATEST(COALESCE(last_event_at, ?), COALESCE(?, last_event_at))
 		WHERE relay_name = ? AND epoch = ?`,
-		a.HasPos, p.Flavor, a.HasPos, p.GTIDSet, a.HasPos, p.File, a.HasPos, p.Pos, nullIfEmpty(a.Mode),
+		a.HasPos, p.Flavor, a.HasPos, p.GTIDSet, a.HasPos, p.File, a.HasPos, p.Pos, a.HasPos, ids, nullIfEmpty(a.Mode),
 		lastEvent, lastEvent, s.cfg.RelayName, epoch)
 	if err != nil {
 		return 0, fmt.Errorf("acknowledge: write position %s: %w", p.String(), err)

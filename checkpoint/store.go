@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -115,6 +116,58 @@ type Progress struct {
 	LastError       string
 	LastEventAt     time.Time
 	UpdatedAt       time.Time
+	// StreamIDs are the stream destination's publishing ids at Position;
+	// nil when the last write of the position was not a stream leader's
+	// (or the column holds something unreadable).
+	StreamIDs *StreamIDs
+}
+
+// StreamIDs is the stream destination's counters at a stored position: for
+// each partition of Stream, the publishing id of its last message at or
+// before the position (stored as JSON in outbox_relay_progress.stream_ids,
+// docs/tables.md). Re-publishing from that position with ids continuing
+// from these repeats every id, which the broker drops.
+type StreamIDs struct {
+	Stream     string   `json:"stream"`
+	Partitions int      `json:"partitions"`
+	IDs        []uint64 `json:"ids"`
+	// Server is the identity of the database server whose binlog the
+	// position and ids were read from (its server_uuid, or server_id
+	// where there is none): another server may order the same
+	// transactions differently, so a term on another server does not
+	// continue the ids.
+	Server string `json:"server,omitempty"`
+	// At is the position the ids were stored with (position.Position's
+	// String). A binary without the stream destination (before migration
+	// 0010) moves the position without touching stream_ids; a term
+	// continues the ids only when At is still the stored position.
+	At string `json:"at,omitempty"`
+}
+
+// encodeStreamIDs is the column value of ids (nil: NULL).
+func encodeStreamIDs(ids *StreamIDs) (any, error) {
+	if ids == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(ids)
+	if err != nil {
+		return nil, fmt.Errorf("encode stream publishing ids: %w", err)
+	}
+	return string(b), nil
+}
+
+// decodeStreamIDs reads the column; nil for NULL or anything that is not a
+// complete value (then the next stream leader starts above the broker's
+// last ids: at least once, never a message dropped).
+func decodeStreamIDs(col sql.NullString) *StreamIDs {
+	if !col.Valid {
+		return nil
+	}
+	var ids StreamIDs
+	if err := json.Unmarshal([]byte(col.String), &ids); err != nil || ids.Stream == "" || ids.Partitions != len(ids.IDs) {
+		return nil
+	}
+	return &ids
 }
 
 // ErrFenced means the progress row's epoch is no longer ours: another relay
@@ -149,21 +202,22 @@ func (s *Store) Load(ctx context.Context) (Progress, error) {
 	var (
 		p                                     Progress
 		flavor, gtid, file, leader, lastError sql.NullString
-		reason                                sql.NullString
+		reason, streamIDs                     sql.NullString
 		pos                                   sql.NullInt64
 		since, hb, lastEvent                  sql.NullTime
 	)
 	err := s.db.QueryRowContext(ctx, `SELECT relay_name, flavor, gtid_set, binlog_file, binlog_pos,
 		mode, mode_reason, status, epoch, leader_instance, leader_since, leader_heartbeat, error_count, last_error,
-		last_event_at, updated_at FROM outbox_relay_progress WHERE relay_name = ?`, s.cfg.RelayName).Scan(
+		last_event_at, updated_at, stream_ids FROM outbox_relay_progress WHERE relay_name = ?`, s.cfg.RelayName).Scan(
 		&p.RelayName, &flavor, &gtid, &file, &pos, &p.Mode, &reason, &p.Status, &p.Epoch, &leader, &since, &hb,
-		&p.ErrorCount, &lastError, &lastEvent, &p.UpdatedAt)
+		&p.ErrorCount, &lastError, &lastEvent, &p.UpdatedAt, &streamIDs)
 	if err != nil {
 		return Progress{}, fmt.Errorf("read progress row for relay %q: %w", s.cfg.RelayName, err)
 	}
 	p.Position = position.Position{Flavor: flavor.String, GTIDSet: gtid.String, File: file.String, Pos: uint32(pos.Int64)}
 	p.LeaderInstance, p.LastError, p.ModeReason = leader.String, lastError.String, reason.String
 	p.LeaderSince, p.LeaderHeartbeat, p.LastEventAt = since.Time, hb.Time, lastEvent.Time
+	p.StreamIDs = decodeStreamIDs(streamIDs)
 	return p, nil
 }
 
@@ -250,6 +304,18 @@ func (s *Store) SetMode(ctx context.Context, epoch int64, mode, reason string) e
 	if err := s.fencedUpdate(ctx, epoch, `UPDATE outbox_relay_progress SET mode = COALESCE(?, mode), mode_reason = ?
 		WHERE relay_name = ? AND epoch = ?`, nullIfEmpty(mode), truncate(reason, 1024), s.cfg.RelayName, epoch); err != nil {
 		return fmt.Errorf("record mode %q of relay %q: %w", mode, s.cfg.RelayName, err)
+	}
+	return nil
+}
+
+// ClearStreamIDs sets the stored stream publishing ids to NULL, fenced by
+// epoch: a term whose ids do not continue them does so before it publishes
+// anything through the producers, so that no later term continues ids this
+// one pushed the producers past.
+func (s *Store) ClearStreamIDs(ctx context.Context, epoch int64) error {
+	if err := s.fencedUpdate(ctx, epoch, `UPDATE outbox_relay_progress SET stream_ids = NULL
+		WHERE relay_name = ? AND epoch = ?`, s.cfg.RelayName, epoch); err != nil {
+		return fmt.Errorf("clear the stored stream publishing ids of relay %q: %w", s.cfg.RelayName, err)
 	}
 	return nil
 }

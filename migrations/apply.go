@@ -72,6 +72,8 @@ func plan(table string, partitionedTable bool) []migration {
 		// table created
 		// before they existed.
 		{"0009_progress_outbox_table", "0009_progress_outbox_table.sql", nil},
+		// stream_ids on a progress table created before it existed.
+		{"0010_progress_stream_ids", "0010_progress_stream_ids.sql", nil},
 	}
 }
 
@@ -92,7 +94,8 @@ func plan(table string, partitionedTable bool) []migration {
 //     paused_at and paused_epoch (0006_pause_and_instances), failed_at
 //     (0007_progress_failed_at), broker and confirms_stalled_at
 //     (0008_progress_broker), and outbox_table, leader_lease_ms and
-//     leader_conn_id (0009_progress_outbox_table).
+//     leader_conn_id (0009_progress_outbox_table), and stream_ids
+//     (0010_progress_stream_ids).
 //   - A version runs when it is not recorded, or when a table it creates no
 //     longer exists. Tables are only ever created (CREATE TABLE IF NOT
 //     EXISTS), never altered destructively or dropped. Two steps follow the

@@ -53,7 +53,7 @@ func TestApplyEmptyThenNoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table"}; !reflect.DeepEqual(applied, want) {
+	if want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table", "0010_progress_stream_ids"}; !reflect.DeepEqual(applied, want) {
 		t.Fatalf("applied %v, want %v", applied, want)
 	}
 	applied, err = migrations.Apply(ctx, db, migrations.Options{})
@@ -74,7 +74,7 @@ func TestApplyEmptyThenNoop(t *testing.T) {
 	}
 	want := map[string][]string{
 		"outbox_relay_progress": {"relay_name varchar(255)", "outbox_table varchar(64)", "flavor varchar(16)", "gtid_set text",
-			"binlog_file varchar(255)", "binlog_pos bigint(20) unsigned", "mode varchar(16)", "mode_reason varchar(1024)", "status varchar(16)",
+			"binlog_file varchar(255)", "binlog_pos bigint(20) unsigned", "stream_ids text", "mode varchar(16)", "mode_reason varchar(1024)", "status varchar(16)",
 			"paused_at datetime(6)", "paused_epoch bigint(20)", "failed_at datetime(6)", "broker varchar(255)", "confirms_stalled_at datetime(6)", "epoch bigint(20)", "leader_instance varchar(255)", "leader_since datetime(6)",
 			"leader_heartbeat datetime(6)", "leader_lease_ms bigint(20) unsigned", "leader_conn_id bigint(20) unsigned", "error_count int(10) unsigned", "last_error varchar(1024)",
 			"last_event_at datetime(6)", "updated_at datetime(6)"},
@@ -134,7 +134,7 @@ func TestApplyPartitioned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(applied) != 8 {
+	if len(applied) != 9 {
 		t.Fatalf("applied %v", applied)
 	}
 	rows, err := db.Query(`SELECT PARTITION_NAME, PARTITION_DESCRIPTION FROM information_schema.PARTITIONS
@@ -262,7 +262,7 @@ func TestApplyAdoptsCompatibleTable(t *testing.T) {
 	// Adopted as it is, plus the poller's indexes it lacks and the UTC
 	// default of created_at.
 	applied, err := migrations.Apply(ctx, db, migrations.Options{})
-	want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table", "0002_outbox_indexes:outbox", "0003_created_at_utc:outbox"}
+	want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table", "0010_progress_stream_ids", "0002_outbox_indexes:outbox", "0003_created_at_utc:outbox"}
 	if err != nil || strings.Join(applied, ",") != strings.Join(want, ",") {
 		t.Fatalf("applied %v, err %v; want %v", applied, err, want)
 	}
@@ -291,8 +291,8 @@ func TestApplyConcurrent(t *testing.T) {
 		total += len(results[i])
 	}
 	// Each version applied by exactly one run.
-	if total != 8 {
-		t.Fatalf("versions applied %v in total, want 8", results)
+	if total != 9 {
+		t.Fatalf("versions applied %v in total, want 9", results)
 	}
 }
 

@@ -144,6 +144,40 @@ func TestApplyAddsOutboxTable(t *testing.T) {
 	}
 }
 
+// A progress table from before 0010 (no stream_ids, a row in it) gets it on
+// the next migrate, NULL, and keeps its row; running migrate again does
+// nothing.
+func TestApplyAddsStreamIDs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := olderSchema(ctx, t,
+		"ALTER TABLE outbox_relay_progress DROP COLUMN stream_ids",
+		"DELETE FROM outbox_relay_migrations WHERE version LIKE '0010%'",
+		"INSERT INTO outbox_relay_progress (relay_name, gtid_set, epoch) VALUES ('r', '0-1-7', 3)",
+	)
+	if err := migrations.Current(ctx, db, ""); err == nil {
+		t.Fatal("Current accepts a progress table without stream_ids")
+	}
+	applied, err := migrations.Apply(ctx, db, migrations.Options{})
+	if want := []string{"0010_progress_stream_ids"}; err != nil || !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, %v; want %v", applied, err, want)
+	}
+	var (
+		gtid string
+		ids  sql.NullString
+	)
+	if err := db.QueryRowContext(ctx, "SELECT gtid_set, stream_ids FROM outbox_relay_progress WHERE relay_name = 'r'").
+		Scan(&gtid, &ids); err != nil {
+		t.Fatal(err)
+	}
+	if gtid != "0-1-7" || ids.Valid {
+		t.Fatalf("row after migrate: %q %v", gtid, ids)
+	}
+	if applied, err := migrations.Apply(ctx, db, migrations.Options{}); err != nil || len(applied) != 0 {
+		t.Fatalf("second migrate applied %v, %v", applied, err)
+	}
+}
+
 // olderSchema migrates a fresh database, then runs queries on it (which
 // take it back to an earlier shape), and returns it.
 func olderSchema(ctx context.Context, t *testing.T, queries ...string) *sql.DB {

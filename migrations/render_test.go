@@ -33,11 +33,11 @@ func TestRender(t *testing.T) {
 			if upgrade {
 				creates = 1
 			}
-			// 0005, 0007, 0008 and 0009 only alter, in the same way; 0006
+			// 0005, 0007, 0008, 0009 and 0010 only alter, in the same way; 0006
 			// alters so and creates a table.
 			alter := m.version == "0005_progress_mode_reason" || m.version == "0006_pause_and_instances" ||
 				m.version == "0007_progress_failed_at" || m.version == "0008_progress_broker" ||
-				m.version == "0009_progress_outbox_table"
+				m.version == "0009_progress_outbox_table" || m.version == "0010_progress_stream_ids"
 			n := 0
 			for _, s := range stmts {
 				create := strings.HasPrefix(s, "CREATE TABLE IF NOT EXISTS ")

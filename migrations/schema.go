@@ -62,6 +62,7 @@ func shapes(outboxTable string) []shape {
 			{"gtid_set", "text"},
 			{"binlog_file", "varchar(255)"},
 			{"binlog_pos", "bigint unsigned"},
+			{"stream_ids", "text"},
 			{"mode", "varchar(16)"},
 			{"mode_reason", "varchar(1024)"},
 			{"status", "varchar(16)"},
@@ -129,11 +130,12 @@ func addedLater(table, column string) bool {
 	// 0007_progress_failed_at: when the relay stopped for good;
 	// 0008_progress_broker: the RabbitMQ node and stalled confirms;
 	// 0009_progress_outbox_table: the table a relay name publishes, its
-	// leader's lease and lock connection.
+	// leader's lease and lock connection;
+	// 0010_progress_stream_ids: the stream destination's publishing ids.
 	return table == DedupTable && column == "consumer" ||
 		table == ProgressTable && (column == "mode_reason" || column == "paused_at" || column == "paused_epoch" || column == "failed_at" ||
 			column == "broker" || column == "confirms_stalled_at" || column == "outbox_table" || column == "leader_lease_ms" ||
-			column == "leader_conn_id")
+			column == "leader_conn_id" || column == "stream_ids")
 }
 
 // ErrSchemaMismatch is matched (errors.Is) by every [*SchemaError].

@@ -82,7 +82,7 @@ func (e *env) poller(t testing.TB, mod func(*poller.Config)) *poller.Poller {
 	if mod != nil {
 		mod(&cfg)
 	}
-	p, err := poller.New(e.pool, e.pub, e.store, e.epoch, cfg)
+	p, err := poller.New(e.pool, poller.AMQP(e.pub), e.store, e.epoch, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

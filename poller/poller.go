@@ -31,7 +31,7 @@ const maxBackoff = 5 * time.Second
 // times, even at once, and each call owns the workers it starts.
 type Poller struct {
 	db        *sql.DB
-	pub       *publish.Publisher
+	pub       Publisher
 	store     *checkpoint.Store
 	relayName string
 	epoch     int64
@@ -53,7 +53,7 @@ type Poller struct {
 // locks (session.go), so the pool must allow cfg.Workers open connections
 // besides what the rest of the relay needs, or the workers wait for each
 // other's.
-func New(db *sql.DB, pub *publish.Publisher, store *checkpoint.Store, epoch int64, cfg Config) (*Poller, error) {
+func New(db *sql.DB, pub Publisher, store *checkpoint.Store, epoch int64, cfg Config) (*Poller, error) {
 	if db == nil || pub == nil || store == nil {
 		return nil, errors.New("poller: New needs a database, a publisher and a checkpoint store")
 	}

@@ -8,7 +8,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
-	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // worker owns one publish channel and one database connection (session.go)
@@ -16,7 +15,7 @@ import (
 type worker struct {
 	p       *Poller
 	id      int
-	ch      *publish.Channel
+	ch      Channel
 	conn    *sql.Conn // holds a poll lock; nil until the first round and after a failed one
 	used    time.Time // when conn was last handed to a round
 	cur     *cursor   // shared with the call's other workers

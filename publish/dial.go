@@ -113,6 +113,11 @@ func (o ConnOptions) password() (string, error) {
 	return pw, nil
 }
 
+// TLSConfig is the TLS client configuration of the TLS files, read now
+// (nil when none is given), for another connection to the same broker (the
+// stream protocol's).
+func (o ConnOptions) TLSConfig() (*tls.Config, error) { return o.tlsConfig() }
+
 // tlsConfig builds the TLS client configuration from the files; nil when no
 // TLS option is given (amqp091 then uses the URL's TLS parameters, or the
 // system's roots).

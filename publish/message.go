@@ -78,6 +78,10 @@ type Message struct {
 	// Size is the caller's accounting of the message in bytes: what it
 	// counts in Config.MaxHeldBytes (optional: 0 counts its body and 160).
 	Size int
+	// Seq is the publishing id for the stream destination (package
+	// streams): strictly increasing per producer, 0 to let the producer
+	// number it. The AMQP Channel ignores it.
+	Seq uint64
 }
 
 // BadRecordError says that a message cannot be published as it is: the

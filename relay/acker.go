@@ -11,7 +11,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/ordering"
-	"github.com/outbox-relay/outbox-relay/position"
 )
 
 // headroomEvery is how often the leader computes
@@ -105,8 +104,9 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 		return nil
 	}
 	ack := checkpoint.Ack{
-		Pos: b.Pos, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: string(p.mode.Load().(Mode)),
+		Pos: b.Pos.Position, HasPos: b.HasPos && !b.Pos.IsZero(), Mode: string(p.ackMode(b.Pos)),
 		IDs: b.IDs, MessageIDs: b.MessageIDs, Failed: b.Failed, LastEventAt: b.LastEventAt,
+		StreamIDs: p.streamIDsAt(b.Pos),
 	}
 	if err := p.store.Ack(ctx, p.epoch, ack); err != nil {
 		return err
@@ -115,13 +115,13 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	m := p.r.cfg.Metrics
 	m.MessagesFailed(len(ack.Failed))
 	if ack.HasPos {
-		p.ackedPos = b.Pos
-		p.r.failover.acked(b.Pos)
+		p.ackedPos = b.Pos.Position
+		p.r.failover.acked(b.Pos.Position)
 	}
 	if !b.LastEventAt.IsZero() {
 		p.lastEventAt = b.LastEventAt
 	}
-	*b = ordering.Batch[position.Position]{}
+	*b = ordering.Batch[mark]{}
 	p.lastAck = time.Now()
 	return nil
 }

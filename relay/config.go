@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/publish"
+	"github.com/outbox-relay/outbox-relay/streams"
 )
 
 // Defaults of Config: zero values take them (SetDefaults), and the CLI's
@@ -48,14 +49,17 @@ const (
 // Config is the relay's configuration; zero values take the defaults above
 // (SetDefaults). Errors about it name its fields (Config.LeaderLease).
 type Config struct {
-	MySQLDSN        string              // go-sql-driver form user:pass@tcp(host:port)/db
-	AMQPURL         string              // one URL, or several separated by commas (a cluster's nodes; publish.SplitURLs)
-	AMQPOptions     publish.ConnOptions // TLS files and password file for AMQPURL, read at every dial
-	Table           string              // default DefaultTable
-	RelayName       string              // default DefaultRelayName
-	ServerID        uint32              // our replica server id; default 7_364_000 + a value derived from the relay name
-	DefaultExchange string              // exchange for rows whose exchange is ''
-	OnDelivered     string              // checkpoint.Delete (default) or checkpoint.Mark
+	MySQLDSN    string              // go-sql-driver form user:pass@tcp(host:port)/db
+	AMQPURL     string              // one URL, or several separated by commas (a cluster's nodes; publish.SplitURLs)
+	AMQPOptions publish.ConnOptions // TLS files and password file for AMQPURL, read at every dial
+	// Stream is the stream destination (--stream): when enabled, binlog
+	// mode publishes into its partition streams instead of exchanges.
+	Stream          streams.Config
+	Table           string // default DefaultTable
+	RelayName       string // default DefaultRelayName
+	ServerID        uint32 // our replica server id; default 7_364_000 + a value derived from the relay name
+	DefaultExchange string // exchange for rows whose exchange is ''
+	OnDelivered     string // checkpoint.Delete (default) or checkpoint.Mark
 
 	// MySQLTLSCA, MySQLTLSCert and MySQLTLSKey are PEM files: the CA that
 	// must have signed the server's certificate (its host name is checked
@@ -201,6 +205,9 @@ func (c *Config) Validate() error {
 	}
 	if d.MaxInflightBytes < 1<<20 {
 		return bad("Config.MaxInflightBytes %d is below 1 MiB", d.MaxInflightBytes)
+	}
+	if err := d.Stream.Validate(); err != nil {
+		return bad("%w", err)
 	}
 	if d.Lanes > 1024 {
 		return bad("Config.Lanes %d: at most 1024 (each is an AMQP channel)", d.Lanes)

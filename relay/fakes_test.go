@@ -98,6 +98,7 @@ type fakeStore struct {
 	ackStall chan struct{}
 	stalled  int
 	changed  chan struct{}
+	clears   []int64 // ClearStreamIDs's epochs
 }
 
 func newFakeStore() *fakeStore {
@@ -164,6 +165,14 @@ func (s *fakeStore) SetMode(ctx context.Context, epoch int64, mode, reason strin
 }
 
 func (s *fakeStore) ClearFailed(ctx context.Context, epoch int64) error { return nil }
+
+func (s *fakeStore) ClearStreamIDs(ctx context.Context, epoch int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clears = append(s.clears, epoch)
+	s.progress.StreamIDs = nil
+	return nil
+}
 
 func (s *fakeStore) MarkPaused(ctx context.Context, epoch int64) error {
 	s.mu.Lock()

@@ -432,7 +432,7 @@ func (r *Relay) openPolling(ctx context.Context, leader lease) (pollPublisher, r
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := r.newPoller(pub, leader)
+	p, err := r.newPoller(poller.AMQP(pub), leader)
 	if err != nil {
 		pub.Close()
 		return nil, nil, err
@@ -474,7 +474,7 @@ func (r *Relay) newPublisher(ctx context.Context) (*publish.Publisher, error) {
 // leader.Valid between its claim and its first publish
 // (poller.Config.Leading): one that finds the lease expired is rolled back
 // unpublished and ends the call with leadership.ErrLeaseExpired.
-func (r *Relay) newPoller(pub *publish.Publisher, leader lease) (*poller.Poller, error) {
+func (r *Relay) newPoller(pub poller.Publisher, leader lease) (*poller.Poller, error) {
 	p, err := poller.New(r.db, pub, r.store, leader.Epoch(), poller.Config{
 		Table: r.cfg.Table, OnDelivered: r.cfg.OnDelivered, Interval: r.cfg.PollInterval,
 		Batch: r.cfg.PollBatch, Workers: r.cfg.PollWorkers, DefaultExchange: r.cfg.DefaultExchange,

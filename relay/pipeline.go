@@ -20,7 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
-type ticket = ordering.Ticket[position.Position]
+type ticket = ordering.Ticket[mark]
 
 // pipeline is one leader term: lanes publishing on their own channels, the
 // tracker, the acker. It lives until leadership is lost, an error, or shutdown.
@@ -29,7 +29,7 @@ type pipeline struct {
 	leader   lease
 	store    progressStore
 	epoch    int64
-	tracker  *ordering.Tracker[position.Position]
+	tracker  *ordering.Tracker[mark]
 	lanes    *ordering.Lanes
 	queues   []chan *laneItem
 	channels []sink
@@ -46,7 +46,7 @@ type pipeline struct {
 	mode         atomic.Value // Mode stored with acknowledgements: ModePoll until the handover window closes
 
 	ackMu       sync.Mutex
-	pendingAck  ordering.Batch[position.Position]
+	pendingAck  ordering.Batch[mark]
 	lastAck     time.Time
 	ackedPos    position.Position // the stored position, after the last acknowledgement
 	lastEventAt time.Time         // created_at of the newest acknowledged row
@@ -66,6 +66,20 @@ type pipeline struct {
 	cancelRead context.CancelFunc
 	txnRows    atomic.Int64 // rows of the transaction being read handed to lanes
 	rowsRead   atomic.Int64 // outbox rows the stream has read this run (the settings watch's activity)
+
+	// The stream destination's publishing ids (streamdest.go): nil
+	// without it; the reader's goroutine only.
+	ids      []uint64
+	idsSnap  []uint64
+	idsDirty bool
+	// streamCont: the term continues the stored ids; streamServer: the
+	// identity of the server it reads (decideStreamIDs, before the term
+	// publishes).
+	streamCont   bool
+	streamServer string
+
+	failMu  sync.Mutex
+	failErr error // a failed stream producer ended the term
 }
 
 type laneItem struct {
@@ -141,12 +155,16 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 		return nil, err
 	}
 	p.start(&g, pubCtx)
+	p.watchSinks(&g)
 	sweepStop := make(chan struct{})
 	g.Go("sweep-delayed", func() { close(sweepStop) }, func() error { p.sweepDelayed(pubCtx, sweepStop); return nil })
 	settingsStop := make(chan struct{})
 	g.Go("settings-watch", func() { close(settingsStop) }, func() error { p.watchSettings(readCtx, settingsStop); return nil })
 
 	readErr := p.read(readCtx, progress, lost)
+	if err := p.failure(); err != nil && readErr == nil {
+		readErr = err
+	}
 	g.Stop("settings-watch")
 	g.Stop("sweep-delayed") // between rounds: a round under way commits
 	g.Signal("lane")        // close the queues: a lane returns once it has published its queue
@@ -263,8 +281,8 @@ func binlogEnd(log *zap.Logger, shuttingDown bool, next *modeSwitch, readErr, ac
 func (r *Relay) newPipeline(leader lease, pub binlogPublisher, cancelRead context.CancelFunc) *pipeline {
 	p := &pipeline{
 		r: r, leader: leader, epoch: leader.Epoch(), store: r.progress, pub: pub,
-		tracker: ordering.New[position.Position](r.cfg.MaxInflightBytes),
-		lanes:   ordering.NewLanes(r.cfg.Lanes),
+		tracker: ordering.New[mark](r.cfg.MaxInflightBytes),
+		lanes:   ordering.NewLanes(r.laneCount()),
 		lastAck: time.Now(), cancelRead: cancelRead, stop: make(chan struct{}),
 		due: newDueHint(), positioned: make(chan struct{}),
 	}
@@ -342,7 +360,11 @@ func (p *pipeline) runLane(ctx context.Context, i int) error {
 		// transaction a message of which may have reached the broker.
 		p.r.failover.sent(item.tk.Record())
 		if err := ch.Publish(ctx, item.msg); err != nil {
-			return fmt.Errorf("lane %d: %w", i, err)
+			err = fmt.Errorf("lane %d: %w", i, err)
+			if ctx.Err() == nil {
+				p.fail(err)
+			}
+			return err
 		}
 	}
 	return nil
@@ -501,8 +523,15 @@ func (p *pipeline) dispatch(ctx context.Context, rec *outbox.Record) error {
 	}
 	msg.Tag = tk
 	msg.Size = rec.Size()
+	lane := 0
+	if p.ids != nil {
+		lane = p.streamLane(rec)
+		msg.Seq = p.nextID(lane)
+	} else {
+		lane = p.lanes.For(rec.PartitionKey)
+	}
 	select {
-	case p.queues[p.lanes.For(rec.PartitionKey)] <- &laneItem{tk: tk, msg: msg}:
+	case p.queues[lane] <- &laneItem{tk: tk, msg: msg}:
 		p.txnRows.Add(1)
 		return nil
 	case <-ctx.Done():

@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/streams"
 )
 
 // ConfirmStallAfter is how long the publisher may wait for the broker's
@@ -70,6 +71,22 @@ type Relay struct {
 	// reconnects and leader terms, and the check that compares it with
 	// every server it resumes on.
 	failover *failoverCheck
+
+	// The stream destination (streamdest.go): streamIssued is the highest
+	// publishing id this process gave each producer name, across terms;
+	// serverIdentity reads the identity of the database server (its
+	// server_uuid, or server_id), stored with the ids; streamServer is the
+	// current term's (string), which a reconnected binlog stream must
+	// still reach (checkStreamServer). streamDumpID is the term server's
+	// server_id, which every binlog dump's own events must carry, the
+	// first dump's included (checkDumpServer; 0: unchecked);
+	// streamDumpSaw is the other server_id a dump of an ended term
+	// carried, for the next term's decision (decideStreamIDs).
+	streamIssued   *streams.Issued
+	serverIdentity func(ctx context.Context) (serverIdent, error)
+	streamServer   atomic.Value
+	streamDumpID   atomic.Uint32
+	streamDumpSaw  atomic.Uint32
 
 	// serverIDUnchecked logs once per process that the binlog preflight
 	// could not check --server-id (it runs again at every re-probe).
@@ -178,6 +195,12 @@ func New(cfg Config) (*Relay, error) {
 	r.tablesShape = func(ctx context.Context) error { return migrations.Current(ctx, r.db, r.cfg.Table) }
 	r.readSettings = func(ctx context.Context) (canal.Settings, error) { return canal.ReadSettings(ctx, r.db) }
 	r.openBinlog = r.openBinlogPub
+	r.streamIssued = streams.NewIssued()
+	r.serverIdentity = func(ctx context.Context) (serverIdent, error) { return serverIdentity(ctx, r.db) }
+	if cfg.Stream.Enabled() {
+		r.openBinlog = r.openStreamPub
+		r.openPoll = r.openStreamPolling
+	}
 	r.failover = &failoverCheck{log: cfg.Logger, accept: cfg.AcceptLostGTIDs, state: state,
 		server: dbServer{db: db, addr: func() string { return r.canal.Host + ":" + strconv.Itoa(r.canal.Port) }}}
 	r.canal.OwnServerID = elector.Led

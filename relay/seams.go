@@ -10,6 +10,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/poller"
 	"github.com/outbox-relay/outbox-relay/position"
 	"github.com/outbox-relay/outbox-relay/publish"
+	"github.com/outbox-relay/outbox-relay/streams"
 )
 
 // The seams of the relay: what a leader term consumes, each as the few
@@ -52,6 +53,9 @@ type progressStore interface {
 	MarkPaused(ctx context.Context, epoch int64) error
 	// ClearFailed ends a FAILED status once epoch delivers again.
 	ClearFailed(ctx context.Context, epoch int64) error
+	// ClearStreamIDs sets the stored stream publishing ids to NULL
+	// (a term whose ids do not continue them, before it publishes).
+	ClearStreamIDs(ctx context.Context, epoch int64) error
 }
 
 // lease is one leader term's leadership.
@@ -122,7 +126,8 @@ type rounds interface {
 }
 
 // termPublisher is what Ready, BrokerNode and the broker watch ask of the
-// current term's publisher (*publish.Publisher), in memory.
+// current term's publisher (*publish.Publisher, or *streams.Publisher with
+// the stream destination), in memory.
 type termPublisher interface {
 	// Node is the broker node it is connected to ("" when not).
 	Node() string
@@ -185,6 +190,7 @@ var (
 	_ delayedSweeper  = (*poller.DelayedSweeper)(nil)
 	_ binlogPublisher = binlogPub{}
 	_ termPublisher   = (*publish.Publisher)(nil)
+	_ termPublisher   = (*streams.Publisher)(nil)
 )
 
 // canalBinlog is the production binlogServer: the relay's pool for the
@@ -205,7 +211,13 @@ func (b canalBinlog) SnapshotPosition(ctx context.Context) (position.Position, e
 
 func (b canalBinlog) Open(onRetry func(err error, attempt int)) (source, error) {
 	cc := b.r.canal
-	cc.CheckServer = b.r.failover.checkReconnect
+	cc.CheckServer = func(ctx context.Context) error {
+		if err := b.r.failover.checkReconnect(ctx); err != nil {
+			return err
+		}
+		return b.r.checkStreamServer(ctx)
+	}
+	cc.CheckDumpServer = b.r.checkDumpServer
 	cc.OnRetry = onRetry
 	tailer, err := canal.New(cc)
 	if err != nil {
@@ -239,7 +251,7 @@ func (b binlogPub) NewSink(onResult func(publish.Result)) (sink, error) {
 }
 
 func (b binlogPub) Drainer() (drainer, error) {
-	d, err := b.r.newPoller(b.Publisher, b.leader)
+	d, err := b.r.newPoller(poller.AMQP(b.Publisher), b.leader)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +259,7 @@ func (b binlogPub) Drainer() (drainer, error) {
 }
 
 func (b binlogPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
-	pl, err := b.r.newPoller(b.Publisher, b.leader)
+	pl, err := b.r.newPoller(poller.AMQP(b.Publisher), b.leader)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -30,7 +30,12 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost 
 	r := p.r
 	h := &handler{p: p}
 	from := storedPosition(progress)
-	if progress.Position.IsZero() || Mode(progress.Mode) == ModePoll || lost {
+	resume := !(progress.Position.IsZero() || Mode(progress.Mode) == ModePoll || lost)
+	// Before anything of the term publishes (the sweep included).
+	if err := p.decideStreamIDs(ctx, progress, resume); err != nil {
+		return err
+	}
+	if !resume {
 		var stopped bool
 		var err error
 		if from, stopped, err = p.sweepThenWindow(ctx, h); err != nil || stopped {
@@ -41,6 +46,10 @@ func (p *pipeline) read(ctx context.Context, progress checkpoint.Progress, lost 
 		if err := r.binlog.CheckPosition(ctx, from); err != nil {
 			return positionError(err)
 		}
+	}
+	// After the sweep: the lanes' ids start above what it sent.
+	if err := p.startIDs(ctx, progress); err != nil {
+		return err
 	}
 	r.failover.startTerm(from.Flavor)
 	src, err := r.binlog.Open(func(err error, attempt int) {
@@ -262,7 +271,7 @@ func (h *handler) Commit(ctx context.Context, pos position.Position, rows int) e
 			h.p.mode.Store(ModeBinlog)
 		}
 	}
-	h.p.tracker.Commit(pos)
+	h.p.tracker.Commit(h.p.markAt(pos, h.window))
 	h.p.leaveTxn()
 	return nil
 }

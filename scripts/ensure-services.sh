@@ -5,7 +5,8 @@
 #   MariaDB   mariadbd and mariadb-install-db (the tests start private servers
 #             from them) and the system server on 127.0.0.1:3306, root without
 #             a password over TCP
-#   RabbitMQ  on 127.0.0.1:5672, guest/guest
+#   RabbitMQ  on 127.0.0.1:5672, guest/guest, with the rabbitmq_stream plugin
+#             (the stream protocol on 127.0.0.1:5552)
 #
 # Idempotent: installs packages (apt-get) only when missing and starts a service
 # only when it does not answer; about half a second when everything is up.
@@ -48,6 +49,8 @@ mariadb_up() { mariadb_answers || mariadb_socket_answers; }
 rabbitmq_answers() {
 	timeout 15 rabbitmq-diagnostics -q ping && timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5672'
 }
+
+stream_answers() { timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5552'; }
 
 # --- packages ----------------------------------------------------------------
 missing=()
@@ -110,4 +113,14 @@ else
 	fi
 	step "RabbitMQ: answering on 127.0.0.1:5672"
 fi
+# The stream destination and its tests speak the stream protocol; the plugin is
+# off in a fresh install. Enabling it on a running node needs no restart.
+if ! stream_answers >/dev/null 2>&1; then
+	step "RabbitMQ: enabling rabbitmq_stream"
+	as_root rabbitmq-plugins enable rabbitmq_stream >/dev/null ||
+		die "rabbitmq-plugins enable rabbitmq_stream failed"
+	wait_until stream_answers ||
+		die "RabbitMQ stream protocol did not answer on 127.0.0.1:5552 within ${WAIT_SECONDS}s"
+fi
+step "RabbitMQ: stream protocol answering on 127.0.0.1:5552"
 step "all services up"

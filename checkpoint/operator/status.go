@@ -236,7 +236,8 @@ func ReadBacklog(ctx context.Context, db *sql.DB, table, onDelivered string) (Ba
 // relay's checkpoint (the other kind of position is cleared, so the row
 // never holds two that disagree), mode binlog so the next leader tails from
 // exactly pos instead of taking the server's position for a handover, and
-// reason as mode_reason. It never changes the epoch, and it is fenced by the
+// reason as mode_reason; the stream destination's ids are cleared (they do not
+// continue pos). It never changes the epoch, and it is fenced by the
 // epoch the caller read: ErrFenced when a new leader came meanwhile.
 func SetPosition(ctx context.Context, db *sql.DB, relayName string, epoch int64, pos position.Position, reason string) error {
 	return SetProgress(ctx, db, relayName, epoch, pos, "binlog", reason)
@@ -250,7 +251,7 @@ func SetPosition(ctx context.Context, db *sql.DB, relayName string, epoch int64,
 // next leader starts as a first start does.
 func SetProgress(ctx context.Context, db *sql.DB, relayName string, epoch int64, pos position.Position, mode, reason string) error {
 	res, err := db.ExecContext(ctx, `UPDATE outbox_relay_progress SET flavor = ?, gtid_set = ?, binlog_file = ?,
-		binlog_pos = ?, mode = ?, mode_reason = ? WHERE relay_name = ? AND epoch = ?`,
+		binlog_pos = ?, stream_ids = NULL, mode = ?, mode_reason = ? WHERE relay_name = ? AND epoch = ?`,
 		nullIfEmpty(pos.Flavor), nullIfEmpty(pos.GTIDSet), nullIfEmpty(pos.File), filePos(pos), mode, checkpoint.CutReason(reason), relayName, epoch)
 	if err != nil {
 		return fmt.Errorf("set checkpoint of relay %q: %w", relayName, err)

@@ -76,8 +76,12 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	tracing := fs.Bool("tracing", false, "export one OpenTelemetry span per published message over OTLP/HTTP, in the producer's trace; configured by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, ...; docs/operations.md, Tracing)")
 	metricsAddr := fs.String("metrics-addr", ":9464", "`address` for /metrics, /healthz and /readyz; empty turns HTTP off")
 	maint := declareMaintenance(fs)
+	fs.StringVar(&cfg.Stream.Stream, "stream", "", "publish into the RabbitMQ super stream `NAME` (partition streams NAME-0 … NAME-(N-1), over the stream protocol) instead of exchanges: exactly once in binlog mode while it resumes from its own checkpoint, at least once otherwise (docs/operations.md, The stream destination)")
+	fs.IntVar(&cfg.Stream.Partitions, "stream-partitions", 1, "--stream: the number `N` of partition streams; a row goes to murmur3(partition key, seed 104729) mod N, as the super-stream clients route")
+	fs.StringVar(&cfg.Stream.URL, "stream-url", "", "--stream: the stream protocol's `url` rabbitmq-stream://user:pass@host:5552/vhost (empty: the first --amqp-url's user, password, host and vhost on port 5552)")
+	declare := fs.Bool("stream-declare", true, "--stream: declare the partition streams that do not exist at start (existing ones are used as they are); false when an operator declares them")
 	f := &runFlags{fs: fs, cfg: &cfg, maxInflight: &maxInflight, maxMessage: &maxMessage, serverID: &serverID, my: my, tracing: tracing,
-		metricsAddr: metricsAddr, maint: maint}
+		metricsAddr: metricsAddr, maint: maint, streamDeclare: declare}
 	return f.run
 }
 
@@ -93,6 +97,8 @@ type runFlags struct {
 	tracing     *bool
 	metricsAddr *string
 	maint       *maintenanceFlags
+	// streamDeclare is --stream-declare.
+	streamDeclare *bool
 }
 
 // run runs the relay until ctx ends, with its HTTP endpoints, tracing and
@@ -127,6 +133,10 @@ func (f *runFlags) run(ctx context.Context, inv *invocation) error {
 		}
 		defer stopTracing()
 		cfg.Tracer = tracer
+	}
+	if err := declareStreams(cfg.Stream, *f.streamDeclare, inv.log); err != nil {
+		closeListener()
+		return err
 	}
 	r, err := relay.New(cfg)
 	if err != nil {
@@ -167,6 +177,9 @@ func (f *runFlags) config(inv *invocation) (relay.Config, error) {
 		cfg.LeaderLease = 0 // the library's default follows the heartbeat
 	}
 	cfg.Logger = inv.log
+	if err := streamConfig(&cfg); err != nil {
+		return relay.Config{}, err
+	}
 	return cfg, nil
 }
 

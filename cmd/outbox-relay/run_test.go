@@ -383,25 +383,10 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 	relay.start()
 	began := time.Now()
 
-	prodCtx, stopProd := context.WithCancel(ctx)
-	defer stopProd()
-	prodDone := make(chan error, 1)
-	go func() {
-		// A transaction is a 500-row one with probability 1%: about 4,500
-		// one-row transactions and 90 of 500 rows.
-		prodDone <- testload.Run(prodCtx, db.SQL, v, testload.Load{
-			Producers: 8, Partitions: 100, Total: total, BigTxn: 500, BigShare: 0.01, Exchange: b.Exchange,
-		})
-	}()
-
-	// Kill thresholds: distinct-delivery counts drawn at random from 5%..90%
-	// of the stream, sorted; each kill waits a further 0-100 ms so it lands
-	// at an arbitrary point of publishing.
-	thresholds := make([]int, kills)
-	for i := range thresholds {
-		thresholds[i] = total*5/100 + testload.RandN(total*85/100)
-	}
-	sortInts(thresholds)
+	prodDone := crashLoad(ctx, db, v, b, total, 0)
+	// Kill thresholds: distinct-delivery counts; each kill waits a further
+	// 0-100 ms so it lands at an arbitrary point of publishing.
+	thresholds := killThresholds(total, kills)
 	lastDups, tails := 0, 0
 	var lastEpoch int64
 	for i, th := range thresholds {
@@ -431,18 +416,7 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 		lastDups = dups
 		relay.start()
 	}
-
-	select {
-	case err := <-prodDone:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-ctx.Done():
-		t.Fatalf("producers did not finish: %v", ctx.Err())
-	}
-	if err := v.WaitComplete(ctx); err != nil {
-		t.Fatal(err)
-	}
+	finishLoad(ctx, t, prodDone, v)
 	if err := v.Check(validator.AtLeastOnce); err != nil {
 		t.Fatal(err)
 	}
@@ -459,6 +433,49 @@ func TestRunSurvivesSIGKILL(t *testing.T) {
 	if code, took := relay.terminate(time.Minute); code != 0 {
 		t.Fatalf("SIGTERM at the end: exit code %d after %v", code, took)
 	}
+}
+
+// crashLoad writes the crash tests' stream of total messages over 100
+// keys into db's outbox in the background (telling v) and returns its end;
+// each of its 8 producers pauses pace after each transaction. A
+// transaction is a 500-row one with probability 1%: for 12,000 messages
+// about 4,500 one-row transactions and 90 of 500 rows.
+func crashLoad(ctx context.Context, db *testenv.DB, v *validator.Validator, b *testenv.Broker, total int, pace time.Duration) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		done <- testload.Run(ctx, db.SQL, v, testload.Load{
+			Producers: 8, Partitions: 100, Total: total, BigTxn: 500, BigShare: 0.01, Exchange: b.Exchange, Pace: pace,
+		})
+	}()
+	return done
+}
+
+// finishLoad waits for the load (crashLoad) to end and for v to have seen
+// every message it wrote.
+func finishLoad(ctx context.Context, t *testing.T, prodDone <-chan error, v *validator.Validator) {
+	t.Helper()
+	select {
+	case err := <-prodDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatalf("producers did not finish: %v", ctx.Err())
+	}
+	if err := v.WaitComplete(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// killThresholds draws kills points at random from 5%..90% of total,
+// sorted.
+func killThresholds(total, kills int) []int {
+	thresholds := make([]int, kills)
+	for i := range thresholds {
+		thresholds[i] = total*5/100 + testload.RandN(total*85/100)
+	}
+	sortInts(thresholds)
+	return thresholds
 }
 
 func sortInts(a []int) {

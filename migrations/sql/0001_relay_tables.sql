@@ -13,6 +13,7 @@ CREATE TABLE IF NOT EXISTS outbox_relay_progress (
     gtid_set         TEXT            NULL,
     binlog_file      VARCHAR(255)    NULL,
     binlog_pos       BIGINT UNSIGNED NULL,
+    stream_ids       TEXT            NULL,
     mode             VARCHAR(16)     NOT NULL DEFAULT 'binlog',
     mode_reason      VARCHAR(1024)   NULL,
     status           VARCHAR(16)     NOT NULL DEFAULT 'ACTIVE',

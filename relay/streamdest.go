@@ -1,0 +1,437 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/canal"
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/poller"
+	"github.com/outbox-relay/outbox-relay/position"
+	"github.com/outbox-relay/outbox-relay/publish"
+	"github.com/outbox-relay/outbox-relay/streams"
+)
+
+// The stream destination in binlog mode (docs/operations.md, "The stream
+// destination"): one lane per partition stream, each publishing through
+// the partition's named producer, and the publishing ids assigned by the
+// reader in binlog order, so that they are a function of the binlog:
+//
+//   - p.ids[i] is the id of the last message of partition i handed to its
+//     lane; dispatch gives the next message of i the id p.ids[i]+1;
+//   - at each transaction's end the reader snapshots p.ids into the
+//     tracker's position (mark), so the acknowledgement that stores a
+//     position stores, in the same fenced statement, the ids as of that
+//     position and the server they were read on (checkpoint.StreamIDs);
+//   - a term continues the stored ids only when they are the deterministic
+//     continuation (decideStreamIDs): it resumes from exactly the stored
+//     position, on the server they were stored on, for the same stream and
+//     partition count. The tail after the position is then the same rows
+//     in the same order, routed to the same partitions, so every message
+//     gets the id it had, and the broker drops those it stored;
+//   - any other term (first start, handover from poll mode, an accepted
+//     lossy failover, a position set by `checkpoint set` or written without
+//     ids, another partition count, another server) first clears the
+//     stored ids in the fenced progress row, so no later term continues
+//     ids this one pushed the producers past, and numbers freshly: from
+//     streams.FreshAfter of the broker's last id, the highest id this
+//     process issued under the name and the epoch's base (epoch<<40), so
+//     no older publisher's in-flight message (a frozen leader of an older
+//     epoch, an undrained publisher of this process) shares an id with a
+//     new one: at least once, never a message dropped as a false
+//     duplicate.
+//
+// A producer that fails (a message not confirmed, the connection lost) ends
+// the term: the next term restarts from the stored position with the
+// stored ids. One message is never retried alone: an id below one the
+// broker stored would be dropped.
+
+// mark is the tracker's position: the binlog position after a transaction
+// and, with the stream destination, the publishing ids as of it (a
+// snapshot shared by the transactions that did not change it; never
+// modified); handover: the position is inside the handover window, whose
+// rows were published only if still pending, so a term resuming from it
+// would not repeat the same messages.
+type mark struct {
+	position.Position
+	ids      []uint64
+	handover bool
+}
+
+// streamIDsAt is what an acknowledgement stores with a position: the ids of
+// m and the term's server, or nil without the stream destination or inside
+// the handover window.
+func (p *pipeline) streamIDsAt(m mark) *checkpoint.StreamIDs {
+	if !p.r.cfg.Stream.Enabled() || m.ids == nil || m.handover {
+		return nil
+	}
+	return &checkpoint.StreamIDs{Stream: p.r.cfg.Stream.Stream, Partitions: p.r.cfg.Stream.Partitions, IDs: m.ids,
+		Server: p.streamServer, At: m.Position.String()}
+}
+
+// ackMode is the mode an acknowledgement stores with position m: poll for a
+// position inside the handover window (the next term then hands over
+// again), else the term's current mode.
+func (p *pipeline) ackMode(m mark) Mode {
+	if m.handover {
+		return ModePoll
+	}
+	return p.mode.Load().(Mode)
+}
+
+// streamLane is the partition of rec, with the stream destination.
+func (p *pipeline) streamLane(rec *outbox.Record) int {
+	return streams.Partition(rec.PartitionKey, rec.MessageID.String(), p.r.cfg.Stream.Partitions)
+}
+
+// nextID gives the next message of partition i its publishing id (reader
+// goroutine only).
+func (p *pipeline) nextID(i int) uint64 {
+	p.ids[i]++
+	p.idsDirty = true
+	return p.ids[i]
+}
+
+// markAt is the tracker's position for a transaction ending at pos (reader
+// goroutine only); handover: pos is inside the handover window.
+func (p *pipeline) markAt(pos position.Position, handover bool) mark {
+	if p.ids == nil {
+		return mark{Position: pos, handover: handover}
+	}
+	if p.idsDirty || p.idsSnap == nil {
+		p.idsSnap = slices.Clone(p.ids)
+		p.idsDirty = false
+	}
+	return mark{Position: pos, ids: p.idsSnap, handover: handover}
+}
+
+// streamIDBroker is the broker's query of the producers' last publishing
+// ids (*streamPub).
+type streamIDBroker interface {
+	LastIDs(ctx context.Context, prefix string) ([]uint64, error)
+}
+
+// decideStreamIDs decides, before the term publishes anything, whether its
+// lanes continue the stored ids (see above): resume is that the term tails
+// from exactly the stored position. A term that does not continue them
+// clears them in the progress row (fenced by its epoch) first.
+func (p *pipeline) decideStreamIDs(ctx context.Context, progress checkpoint.Progress, resume bool) error {
+	cfg := p.r.cfg.Stream
+	if !cfg.Enabled() {
+		return nil
+	}
+	srv, err := p.r.serverIdentity(ctx)
+	if err != nil {
+		return err
+	}
+	server, dumpID := srv.Identity, srv.ID
+	// The identity was read over a pooled connection, which may still
+	// reach the server the address pointed at before a failover. When the
+	// last term's binlog dump was on another server than that, the
+	// identity is not the binlog's: this term neither continues the stored
+	// ids nor marks its own with a server (so no term continues them), and
+	// its dumps must be on the server the last one was on.
+	if saw := p.r.streamDumpSaw.Swap(0); saw != 0 && saw != srv.ID {
+		p.r.log.Warn("stream destination: the last binlog dump was on another server than the one the database pool reads; numbering freshly, the ids stored unmarked",
+			zap.Uint32("dump_server_id", saw), zap.Uint32("pool_server_id", srv.ID), zap.String("pool_server", srv.Identity))
+		server, dumpID = "", saw
+	}
+	p.streamServer = server
+	p.r.streamServer.Store(server)
+	p.r.streamDumpID.Store(dumpID)
+	st := progress.StreamIDs
+	p.streamCont = resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions &&
+		len(st.IDs) == cfg.Partitions && st.Server != "" && st.Server == server &&
+		st.At == storedPosition(progress).String() // not moved by a binary that leaves stream_ids as they are
+	if p.streamCont {
+		return nil
+	}
+	if st != nil {
+		p.r.log.Info("stream destination: the stored publishing ids do not continue this term; clearing them",
+			zap.Bool("resume", resume), zap.String("stored_server", st.Server), zap.String("server", server),
+			zap.Int("stored_partitions", st.Partitions), zap.String("stored_stream", st.Stream),
+			zap.String("stored_at", st.At))
+	}
+	return p.store.ClearStreamIDs(ctx, p.epoch)
+}
+
+// startIDs sets the ids the term's lanes continue from, before the tail
+// publishes (after the sweep): the stored ones when decideStreamIDs found
+// them the continuation, else fresh ids above what the sweep sent.
+func (p *pipeline) startIDs(ctx context.Context, progress checkpoint.Progress) error {
+	sp, ok := p.pub.(streamIDBroker)
+	if !ok || !p.r.cfg.Stream.Enabled() {
+		return nil
+	}
+	cfg := p.r.cfg.Stream
+	broker, err := sp.LastIDs(ctx, cfg.Producer)
+	if err != nil {
+		return err
+	}
+	if p.streamCont {
+		p.ids = slices.Clone(progress.StreamIDs.IDs)
+		// What the broker holds above the stored ids is the tail the last
+		// term published and did not acknowledge: this term publishes it
+		// again with the same ids, and the broker drops it.
+		var repeats uint64
+		for i, b := range broker {
+			if b > p.ids[i] {
+				repeats += b - p.ids[i]
+			}
+		}
+		p.r.log.Info("stream destination: continuing the stored publishing ids (exactly once); the broker drops the repeated tail",
+			zap.Uint64s("ids", p.ids), zap.Uint64s("broker_last", broker), zap.Uint64("repeats", repeats))
+		return nil
+	}
+	ids := make([]uint64, len(broker))
+	for i, b := range broker {
+		ids[i] = streams.FreshAfter(b, p.r.streamIssued.Last(cfg.ProducerName(i)), p.epoch)
+	}
+	p.ids = ids
+	p.r.log.Info("stream destination: numbering freshly above the broker's last ids and the epoch's base (at least once until the next stored position)",
+		zap.Uint64s("ids", p.ids), zap.Uint64s("broker_last", broker), zap.Int64("epoch", p.epoch))
+	return nil
+}
+
+// fail ends the term with err (a failed stream producer): reading stops,
+// and the run returns err, so the term restarts from the stored position.
+func (p *pipeline) fail(err error) {
+	p.failMu.Lock()
+	if p.failErr == nil {
+		p.failErr = err
+	}
+	p.failMu.Unlock()
+	p.cancelRead()
+}
+
+// failure is the error fail recorded, nil when none.
+func (p *pipeline) failure() error {
+	p.failMu.Lock()
+	defer p.failMu.Unlock()
+	return p.failErr
+}
+
+// watchSinks ends the term when a lane's producer fails, whether or not the
+// lane is publishing at the time.
+func (p *pipeline) watchSinks(g *group) {
+	for _, ch := range p.channels {
+		fs, ok := ch.(interface {
+			Failed() <-chan struct{}
+			Err() error
+		})
+		if !ok {
+			continue
+		}
+		stop := make(chan struct{})
+		g.Go("sink-watch", func() { close(stop) }, func() error {
+			select {
+			case <-fs.Failed():
+				p.fail(fs.Err())
+			case <-stop:
+			}
+			return nil
+		})
+	}
+}
+
+// streamPub is a term's publisher with the stream destination: the stream
+// connection and its producers, "<relay-name>-<i>" for the lanes, the
+// sweep before tailing and poll mode (never at once), and
+// "<relay-name>-<i>-delayed" for the due-time sweep, which runs beside the
+// lanes and must not share their sequence (a name ending in a letter is
+// never "<some relay name>-<i>").
+type streamPub struct {
+	r      *Relay
+	pub    *streams.Publisher
+	leader lease
+	next   int // the partition of the next lane NewSink opens
+	// ctx is the term's, given to openStreamPub: it bounds NewSink's
+	// broker calls (the seam has no context of its own).
+	ctx context.Context
+}
+
+// openTimeout bounds opening a lane's producer within the term's context.
+const openTimeout = 30 * time.Second
+
+// delayedSuffix names the due-time sweep's producers.
+const delayedSuffix = "-delayed"
+
+// openStreamPub is binlog mode's openBinlog with the stream destination.
+func (r *Relay) openStreamPub(ctx context.Context, leader lease) (binlogPublisher, error) {
+	pub, err := streams.DialTerm(r.cfg.Stream, r.streamIssued, leader.Epoch())
+	if err != nil {
+		return nil, err
+	}
+	r.state.setPublisher(pub)
+	return &streamPub{r: r, pub: pub, leader: leader, ctx: ctx}, nil
+}
+
+// LastIDs is the broker's last publishing id of each producer
+// "<prefix>-<i>".
+func (s *streamPub) LastIDs(ctx context.Context, prefix string) ([]uint64, error) {
+	return s.pub.LastIDs(ctx, prefix)
+}
+
+// Connected: the stream client reconnects nothing; a lost connection fails
+// the producers, which ends the term.
+func (s *streamPub) Connected() (bool, <-chan struct{}) { return true, nil }
+
+// NewSink opens the lane of the next partition (the lanes are opened in
+// partition order).
+func (s *streamPub) NewSink(onResult func(publish.Result)) (sink, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, openTimeout)
+	defer cancel()
+	pr, err := s.pub.Producer(ctx, s.r.cfg.Stream.Producer, s.next)
+	if err != nil {
+		return nil, err
+	}
+	s.next++
+	return streams.NewLane(pr, onResult), nil
+}
+
+// Drainer delivers the rows pending before tailing into the streams, at
+// least once: through the lanes' producers, numbered above the broker's
+// last ids (the lanes then start above what it sent: startIDs).
+func (s *streamPub) Drainer() (drainer, error) {
+	return s.r.newPoller(routerPub{s.pub, s.r.cfg.Stream.Producer, ""}, s.leader)
+}
+
+// DelayedSweeper delivers due delayed rows into the streams through
+// producers of their own, numbered above the broker's last ids for them
+// (opened at the first delayed row).
+func (s *streamPub) DelayedSweeper() (delayedSweeper, time.Duration, error) {
+	pl, err := s.r.newPoller(routerPub{s.pub, s.r.cfg.Stream.Producer, delayedSuffix}, s.leader)
+	if err != nil {
+		return nil, 0, err
+	}
+	sw, err := pl.NewDelayedSweeper()
+	if err != nil {
+		return nil, 0, err
+	}
+	return sw, pl.Config().Interval, nil
+}
+
+func (s *streamPub) Close() error { return s.pub.Close() }
+
+// routerPub is the stream destination as the poller's publisher: each
+// worker gets a router over the producers "<prefix>-<i><suffix>".
+type routerPub struct {
+	pub            *streams.Publisher
+	prefix, suffix string
+}
+
+func (r routerPub) NewChannel(onResult func(publish.Result)) (poller.Channel, error) {
+	return r.pub.NewRouter(r.prefix, r.suffix, onResult), nil
+}
+
+// laneCount is the number of publishing lanes: one per partition stream
+// with the stream destination, Config.Lanes otherwise.
+func (r *Relay) laneCount() int {
+	if r.cfg.Stream.Enabled() {
+		return r.cfg.Stream.Partitions
+	}
+	return r.cfg.Lanes
+}
+
+// openStreamPolling is poll mode's openPoll with the stream destination:
+// the poller publishes through the producers "<relay-name>-<i>", numbered
+// above the broker's last ids (at least once; streams.Router).
+func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublisher, rounds, error) {
+	// The poll term's ids do not continue the stored ones: cleared before
+	// it publishes, so no later term continues them (decideStreamIDs).
+	if err := r.progress.ClearStreamIDs(ctx, leader.Epoch()); err != nil {
+		return nil, nil, err
+	}
+	pub, err := streams.DialTerm(r.cfg.Stream, r.streamIssued, leader.Epoch())
+	if err != nil {
+		return nil, nil, err
+	}
+	r.state.setPublisher(pub)
+	sp := &streamPub{r: r, pub: pub, leader: leader, ctx: ctx}
+	p, err := r.newPoller(routerPub{pub, r.cfg.Stream.Producer, ""}, leader)
+	if err != nil {
+		pub.Close()
+		return nil, nil, err
+	}
+	return sp, p, nil
+}
+
+// serverIdent is a database server's identity: Identity is "uuid:" and its
+// @@server_uuid (MySQL), or "server_id:" and its @@server_id where there
+// is no uuid (MariaDB; servers of one replication topology have distinct
+// server ids); ID is its @@server_id, which the header of every event it
+// sends in a binlog dump carries (0: unknown).
+type serverIdent struct {
+	Identity string
+	ID       uint32
+}
+
+// serverIdentity is the identity of the server behind db, both read over
+// one connection.
+func serverIdentity(ctx context.Context, db *sql.DB) (serverIdent, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return serverIdent{}, fmt.Errorf("read the database server's identity: %w", err)
+	}
+	defer conn.Close()
+	var id uint64
+	if err := conn.QueryRowContext(ctx, "SELECT @@server_id").Scan(&id); err != nil {
+		return serverIdent{}, fmt.Errorf("read the database server's identity (@@server_id): %w", err)
+	}
+	srv := serverIdent{Identity: "server_id:" + strconv.FormatUint(id, 10), ID: uint32(id)}
+	var uuid sql.NullString
+	if err := conn.QueryRowContext(ctx, "SELECT @@server_uuid").Scan(&uuid); err == nil && uuid.String != "" {
+		srv.Identity = "uuid:" + uuid.String
+	} else if ctx.Err() != nil {
+		return serverIdent{}, fmt.Errorf("read the database server's identity (@@server_uuid): %w", ctx.Err())
+	}
+	return srv, nil
+}
+
+// checkStreamServer is part of the tailer's CheckServer with the stream
+// destination: a reconnected binlog stream that reached another server
+// than the term's (a VIP moved) ends the term, so that the ids the next
+// term stores are marked with the server they were read on, and the next
+// term numbers freshly (decideStreamIDs).
+func (r *Relay) checkStreamServer(ctx context.Context) error {
+	want, _ := r.streamServer.Load().(string)
+	if !r.cfg.Stream.Enabled() || want == "" {
+		return nil
+	}
+	srv, err := r.serverIdentity(ctx)
+	if err != nil {
+		return err // retried with the connection
+	}
+	if got := srv.Identity; got != want {
+		return &canal.StopError{Err: fmt.Errorf("the binlog stream reconnected to another server (%s; the term started on %s): "+
+			"restarting the term, whose stream publishing ids then start fresh", got, want)}
+	}
+	return nil
+}
+
+// checkDumpServer is the tailer's CheckDumpServer with the stream
+// destination: serverID is the server_id in the header of the first event
+// of a binlog dump (the server's artificial ROTATE), the first dump of the
+// term included, before any row of it is published. A dump on another
+// server than the one whose identity decided the term's ids (read over a
+// pooled connection: the address may have moved in between, or the pool
+// may hold a connection to the old server) ends the term: continuing the
+// stored ids on another server's binlog, whose order may differ, would
+// make the broker drop messages as duplicates. The next term decides
+// again, knowing which server the dump was on.
+func (r *Relay) checkDumpServer(serverID uint32) error {
+	want := r.streamDumpID.Load()
+	if !r.cfg.Stream.Enabled() || want == 0 || serverID == want {
+		return nil
+	}
+	r.streamDumpSaw.Store(serverID)
+	return &canal.StopError{Err: fmt.Errorf("the binlog dump is on the server with server_id %d, but the term's stream publishing ids were decided for server_id %d "+
+		"(the address moved, or the database pool reached the old server): restarting the term, whose ids then start fresh", serverID, want)}
+}
