@@ -1,0 +1,397 @@
+package dedup_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/google/uuid"
+	samqp "github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/message"
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+
+	"github.com/outbox-relay/outbox-relay/dedup"
+	"github.com/outbox-relay/outbox-relay/internal/progress"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/streams"
+)
+
+// Environment of a stream consumer process: the test binary run again with
+// streamChildEnv set runs streamChild instead of the tests.
+const (
+	streamChildEnv      = "DEDUP_TEST_STREAM_CHILD" // the instance name
+	streamChildDSN      = "DEDUP_TEST_STREAM_DSN"
+	streamChildURL      = "DEDUP_TEST_STREAM_URL"
+	streamChildStream   = "DEDUP_TEST_STREAM_NAME"
+	streamChildConsumer = "DEDUP_TEST_STREAM_CONSUMER"
+	streamChildParts    = "DEDUP_TEST_STREAM_PARTITIONS"
+)
+
+// streamEffectsTable is where the consumer processes' handler writes one
+// row per run. message_id is unique so a second effect of a message fails
+// loudly (and is recorded in stream_doubles); the test counts rows anyway.
+const streamEffectsTable = `CREATE TABLE stream_effects (
+	id         BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
+	message_id BINARY(16)   NOT NULL,
+	pkey       VARCHAR(64)  NOT NULL,
+	seq        BIGINT       NOT NULL,
+	instance   VARCHAR(64)  NOT NULL,
+	stream     VARCHAR(255) NOT NULL,
+	off        BIGINT       NOT NULL,
+	UNIQUE KEY (message_id)
+);
+CREATE TABLE stream_doubles (
+	message_id VARCHAR(36) NOT NULL,
+	instance   VARCHAR(64) NOT NULL
+)`
+
+// streamChild is a consumer process: a StreamConsumer whose handler writes
+// stream_effects, until its stdin closes (the test ended or dropped it).
+func streamChild() int {
+	instance := os.Getenv(streamChildEnv)
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("instance", instance)
+	parts, err := strconv.Atoi(os.Getenv(streamChildParts))
+	if err != nil {
+		log.Error("partitions", "error", err)
+		return 2
+	}
+	db, err := sql.Open("mysql", os.Getenv(streamChildDSN))
+	if err != nil {
+		log.Error("open the database", "error", err)
+		return 2
+	}
+	defer db.Close()
+	env, err := stream.NewEnvironment(stream.NewEnvironmentOptions().SetUri(os.Getenv(streamChildURL)))
+	if err != nil {
+		log.Error("connect to the stream port", "error", err)
+		return 2
+	}
+	defer env.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // owned by stdin: ends when the parent closes it or dies
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	c := &dedup.StreamConsumer{
+		Inbox:         dedup.New(db, os.Getenv(streamChildConsumer)),
+		Stream:        os.Getenv(streamChildStream),
+		Partitions:    parts,
+		CheckInterval: 200 * time.Millisecond,
+		RetryDelay:    50 * time.Millisecond,
+		Instance:      instance,
+		Logger:        log,
+		Handlers: map[string]dedup.StreamHandler{"test.event": func(ctx context.Context, tx *sql.Tx, m dedup.StreamMessage) error {
+			id := uuid.MustParse(m.Delivery.MessageId)
+			key, _ := m.Delivery.Headers["x-partition-key"].(string)
+			seq, _ := m.Delivery.Headers["seq"].(int64)
+			_, err := tx.ExecContext(ctx, "INSERT INTO stream_effects (message_id, pkey, seq, instance, stream, off) VALUES (?, ?, ?, ?, ?, ?)",
+				id[:], key, seq, instance, m.Stream, m.Offset)
+			var me *mysql.MySQLError
+			if errors.As(err, &me) && me.Number == 1062 {
+				_, _ = db.ExecContext(ctx, "INSERT INTO stream_doubles VALUES (?, ?)", m.Delivery.MessageId, instance)
+			}
+			return err
+		}},
+	}
+	if err := c.Run(ctx, env); err != nil {
+		log.Error("run", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// consumerProc is one consumer process of the test.
+type consumerProc struct {
+	name  string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	log   *strings.Builder
+	mu    *sync.Mutex
+	done  chan struct{}
+}
+
+func startConsumerProc(t *testing.T, name string, env []string) *consumerProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), append(env, streamChildEnv+"="+name)...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &consumerProc{name: name, cmd: cmd, stdin: stdin, log: &strings.Builder{}, mu: &sync.Mutex{}, done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // owned by the process: ends when its stderr closes
+		defer close(p.done)
+		s := bufio.NewScanner(stderr)
+		for s.Scan() {
+			p.mu.Lock()
+			p.log.WriteString(s.Text() + "\n")
+			p.mu.Unlock()
+		}
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		<-p.done
+		if t.Failed() {
+			p.mu.Lock()
+			t.Logf("consumer %s log:\n%s", name, p.log.String())
+			p.mu.Unlock()
+		}
+	})
+	return p
+}
+
+// streamMsg is one test message: key and its sequence number in the key.
+type streamMsg struct {
+	key string
+	seq int64
+	id  string
+}
+
+// publishStreams publishes msgs into the partition streams in the relay's
+// format (docs/wire.md), each through its partition's producer, in order,
+// and waits for every confirm.
+func publishStreams(ctx context.Context, producers []*stream.Producer, confirms []stream.ChannelPublishConfirm, msgs []streamMsg) error {
+	batches := make([][]message.StreamMessage, len(producers))
+	for _, m := range msgs {
+		p := streams.Partition(m.key, m.id, len(producers))
+		am := samqp.NewMessage([]byte(fmt.Sprintf(`{"key":%q,"seq":%d}`, m.key, m.seq)))
+		am.Properties = &samqp.MessageProperties{MessageID: m.id, Subject: "test.event", ContentType: "application/json"}
+		am.ApplicationProperties = map[string]any{"x-partition-key": m.key, "seq": m.seq, "x-exchange": "", "x-routing-key": "rk"}
+		batches[p] = append(batches[p], am)
+	}
+	for p, batch := range batches {
+		if len(batch) == 0 {
+			continue
+		}
+		if err := producers[p].BatchSend(batch); err != nil {
+			return fmt.Errorf("publish into partition %d: %w", p, err)
+		}
+	}
+	for p, batch := range batches {
+		sctx, cancel := progress.Step(ctx)
+		for got := 0; got < len(batch); {
+			select {
+			case cs := <-confirms[p]:
+				for _, c := range cs {
+					if !c.IsConfirmed() {
+						cancel()
+						return fmt.Errorf("partition %d: message not confirmed: %w", p, c.GetError())
+					}
+				}
+				got += len(cs)
+			case <-sctx.Done():
+				cancel()
+				return fmt.Errorf("partition %d: %d of %d confirms: %w", p, got, len(batch), sctx.Err())
+			}
+		}
+		cancel()
+	}
+	return nil
+}
+
+// Three consumer processes share eight partition streams; one is killed
+// with SIGKILL while messages keep coming. Every message's effect commits
+// exactly once (counted, not hidden by the unique key), in order per key,
+// and the survivors take the dead one's partitions over from its last
+// committed offsets.
+func TestStreamConsumerKilledProcess(t *testing.T) {
+	const (
+		partitions = 8
+		keys       = 48
+		first      = 900  // published before the kill
+		second     = 2100 // published around and after it
+	)
+	db := schemaDB(t)
+	if _, err := db.SQL.Exec(streamEffectsTable); err != nil {
+		t.Fatal(err)
+	}
+	b := testenv.RabbitMQ(t)
+	url, err := streams.FromAMQP(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	senv, err := stream.NewEnvironment(stream.NewEnvironmentOptions().SetUri(url))
+	if err != nil {
+		t.Fatalf("connect to RabbitMQ's stream port (rabbitmq-plugins enable rabbitmq_stream): %v", err)
+	}
+	t.Cleanup(func() { _ = senv.Close() })
+	super := "dedup-sc-" + db.Name
+	producers := make([]*stream.Producer, partitions)
+	confirms := make([]stream.ChannelPublishConfirm, partitions)
+	for i := range partitions {
+		name := dedup.PartitionStream(super, i)
+		if err := senv.DeclareStream(name, &stream.StreamOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = senv.DeleteStream(name) })
+		if producers[i], err = senv.NewProducer(name, stream.NewProducerOptions()); err != nil {
+			t.Fatal(err)
+		}
+		confirms[i] = producers[i].NotifyPublishConfirmation()
+	}
+
+	var msgs []streamMsg
+	next := map[string]int64{}
+	for i := range first + second {
+		key := fmt.Sprintf("key-%02d", i%keys)
+		next[key]++
+		msgs = append(msgs, streamMsg{key: key, seq: next[key], id: uuid.Must(uuid.NewV7()).String()})
+	}
+	ctx := testenv.WorkContext(t)
+	if err := publishStreams(ctx, producers, confirms, msgs[:first]); err != nil {
+		t.Fatal(err)
+	}
+
+	consumer := "sc-" + db.Name
+	env := []string{streamChildDSN + "=" + db.DSN, streamChildURL + "=" + url, streamChildStream + "=" + super,
+		streamChildConsumer + "=" + consumer, streamChildParts + "=" + strconv.Itoa(partitions)}
+	procs := map[string]*consumerProc{}
+	for _, name := range []string{"proc-a", "proc-b", "proc-c"} {
+		procs[name] = startConsumerProc(t, name, env)
+	}
+	effects := func() int64 { return int64(count(t, db.SQL, "SELECT COUNT(*) FROM stream_effects")) }
+
+	// holders returns the instance holding each partition now: the offsets
+	// row's owner where the partition's lock is held.
+	holders := func() map[int]string {
+		out := map[int]string{}
+		for i := range partitions {
+			name := dedup.PartitionStream(super, i)
+			var owner sql.NullString
+			if err := db.SQL.QueryRow("SELECT owner FROM stream_consumer_offsets WHERE consumer = ? AND stream = ? AND IS_USED_LOCK(?) IS NOT NULL",
+				consumer, name, dedup.StreamLockName(consumer, name)).Scan(&owner); err != nil && !errors.Is(err, sql.ErrNoRows) {
+				t.Fatal(err)
+			}
+			if owner.Valid {
+				out[i] = owner.String
+			}
+		}
+		return out
+	}
+	// Wait until the first batch is in and the three share the partitions.
+	var held map[int]string
+	if err := progress.Wait(ctx, "first batch consumed by three processes", func() int64 { return effects() + int64(len(held)) }, func() bool {
+		held = holders()
+		owners := map[string]int{}
+		for _, o := range held {
+			owners[o]++
+		}
+		return effects() >= first && len(held) == partitions && len(owners) == 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Publish the rest in the background while one process is killed.
+	var published atomic.Int64
+	pubErr := make(chan error, 1)
+	go func() { // owned by the test: it waits on pubErr below
+		for from := first; from < len(msgs); from += 150 {
+			if err := publishStreams(ctx, producers, confirms, msgs[from:min(from+150, len(msgs))]); err != nil {
+				pubErr <- err
+				return
+			}
+			published.Store(int64(min(from+150, len(msgs))))
+		}
+		pubErr <- nil
+	}()
+	if err := progress.Wait(ctx, "effects of the second batch begin", effects, func() bool { return effects() >= first+300 }); err != nil {
+		t.Fatal(err)
+	}
+	victim := ""
+	for _, o := range holders() {
+		victim = o
+		break
+	}
+	if victim == "" {
+		t.Fatal("no process holds a partition")
+	}
+	atKill := effects()
+	if err := procs[victim].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-procs[victim].done
+	t.Logf("killed %s (SIGKILL) at %d effects, %d of %d published", victim, atKill, published.Load(), len(msgs))
+	if err := <-pubErr; err != nil {
+		t.Fatal(err)
+	}
+
+	total := int64(len(msgs))
+	if err := progress.Wait(ctx, "every effect", effects, func() bool { return effects() >= total }); err != nil {
+		t.Fatal(err)
+	}
+	// Every effect exactly once: rows, distinct ids, no recorded double.
+	if n, d := effects(), count(t, db.SQL, "SELECT COUNT(DISTINCT message_id) FROM stream_effects"); n != total || int64(d) != total {
+		t.Fatalf("%d effects of %d distinct messages; want %d each", n, d, total)
+	}
+	if n := count(t, db.SQL, "SELECT COUNT(*) FROM stream_doubles"); n != 0 {
+		t.Fatalf("%d messages ran their handler twice (refused by the unique key)", n)
+	}
+	if n := count(t, db.SQL, "SELECT COUNT(*) FROM outbox_failed"); n != 0 {
+		t.Fatalf("%d messages went to outbox_failed", n)
+	}
+	// In order per key: the effects' commit order (id) follows seq.
+	rows, err := db.SQL.Query("SELECT pkey, seq, instance FROM stream_effects ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	last := map[string]int64{}
+	byInstance := map[string]int{}
+	for rows.Next() {
+		var key, instance string
+		var seq int64
+		if err := rows.Scan(&key, &seq, &instance); err != nil {
+			t.Fatal(err)
+		}
+		if seq != last[key]+1 {
+			t.Fatalf("key %s: effect of seq %d after seq %d", key, seq, last[key])
+		}
+		last[key] = seq
+		byInstance[instance]++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The stored offsets are the ends of the streams; the survivors own
+	// every partition.
+	if n := count(t, db.SQL, "SELECT COALESCE(SUM(next_offset), 0) FROM stream_consumer_offsets WHERE consumer = ?", consumer); int64(n) != total {
+		t.Errorf("stored offsets sum to %d, want %d", n, total)
+	}
+	final := holders()
+	for i := range partitions {
+		if o := final[i]; o == "" || o == victim {
+			t.Errorf("partition %d held by %q after the kill of %s", i, o, victim)
+		}
+	}
+	names := slices.Sorted(func(yield func(string) bool) {
+		for k := range byInstance {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	t.Logf("effects by process: %v (%v)", byInstance, names)
+}
