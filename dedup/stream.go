@@ -128,6 +128,9 @@ type StreamConsumer struct {
 	stats struct{ processed, retried, failed, claims, losses atomic.Int64 }
 	mu    sync.Mutex
 	held  []int // partitions held now, for Held
+	// beforeOffset, when set (by tests), runs in a message's transaction
+	// before the fenced offset write.
+	beforeOffset func(StreamMessage)
 }
 
 // StreamStats counts what a StreamConsumer did, over all its Runs.
@@ -679,6 +682,9 @@ func (p *partition) commit(ctx context.Context, m StreamMessage, h StreamHandler
 		return fmt.Errorf("dedup: stream consumer %q, %s offset %d: begin: %w", c.Inbox.consumer, p.stream, m.Offset, err)
 	}
 	defer tx.Rollback()
+	if c.beforeOffset != nil {
+		c.beforeOffset(m)
+	}
 	res, err := tx.ExecContext(ctx, "UPDATE "+StreamOffsetsTable+
 		" SET next_offset = ?, updated_at = UTC_TIMESTAMP(6) WHERE consumer = ? AND stream = ? AND epoch = ? AND next_offset <= ?",
 		m.Offset+1, c.Inbox.consumer, p.stream, p.epoch, m.Offset)

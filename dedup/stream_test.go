@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -212,22 +211,11 @@ func publishStreams(ctx context.Context, producers []*stream.Producer, confirms 
 	return nil
 }
 
-// Three consumer processes share eight partition streams; one is killed
-// with SIGKILL while messages keep coming. Every message's effect commits
-// exactly once (counted, not hidden by the unique key), in order per key,
-// and the survivors take the dead one's partitions over from its last
-// committed offsets.
-func TestStreamConsumerKilledProcess(t *testing.T) {
-	const (
-		partitions = 8
-		keys       = 48
-		first      = 900  // published before the kill
-		second     = 2100 // published around and after it
-	)
-	db := schemaDB(t)
-	if _, err := db.SQL.Exec(streamEffectsTable); err != nil {
-		t.Fatal(err)
-	}
+// partitionStreams declares the partition streams of a super stream named
+// after db (deleted at cleanup) and returns the stream URL, the super
+// stream's name, and a producer per partition with its confirms.
+func partitionStreams(t *testing.T, db *testenv.DB, partitions int) (string, string, []*stream.Producer, []stream.ChannelPublishConfirm) {
+	t.Helper()
 	b := testenv.RabbitMQ(t)
 	url, err := streams.FromAMQP(b.URL)
 	if err != nil {
@@ -252,7 +240,26 @@ func TestStreamConsumerKilledProcess(t *testing.T) {
 		}
 		confirms[i] = producers[i].NotifyPublishConfirmation()
 	}
+	return url, super, producers, confirms
+}
 
+// Three consumer processes share eight partition streams; one is killed
+// with SIGKILL while messages keep coming. Every message's effect commits
+// exactly once (counted, not hidden by the unique key), in order per key,
+// and the survivors take the dead one's partitions over from its last
+// committed offsets.
+func TestStreamConsumerKilledProcess(t *testing.T) {
+	const (
+		partitions = 8
+		keys       = 48
+		first      = 900  // published before the kill
+		second     = 2100 // published around and after it
+	)
+	db := schemaDB(t)
+	if _, err := db.SQL.Exec(streamEffectsTable); err != nil {
+		t.Fatal(err)
+	}
+	url, super, producers, confirms := partitionStreams(t, db, partitions)
 	var msgs []streamMsg
 	next := map[string]int64{}
 	for i := range first + second {
@@ -321,7 +328,8 @@ func TestStreamConsumerKilledProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	victim := ""
-	for _, o := range holders() {
+	atKillHolders := holders()
+	for _, o := range atKillHolders {
 		victim = o
 		break
 	}
@@ -329,6 +337,13 @@ func TestStreamConsumerKilledProcess(t *testing.T) {
 		t.Fatal("no process holds a partition")
 	}
 	atKill := effects()
+	var victimStreams []any
+	for i, o := range atKillHolders {
+		if o == victim {
+			victimStreams = append(victimStreams, dedup.PartitionStream(super, i))
+		}
+	}
+	maxAtKill := count(t, db.SQL, "SELECT COALESCE(MAX(id), 0) FROM stream_effects")
 	if err := procs[victim].cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -380,18 +395,126 @@ func TestStreamConsumerKilledProcess(t *testing.T) {
 	if n := count(t, db.SQL, "SELECT COALESCE(SUM(next_offset), 0) FROM stream_consumer_offsets WHERE consumer = ?", consumer); int64(n) != total {
 		t.Errorf("stored offsets sum to %d, want %d", n, total)
 	}
+	// The kill was mid-stream: the survivors processed messages of the
+	// partitions the victim held.
+	if len(victimStreams) == 0 {
+		t.Fatalf("%s held no partition when killed", victim)
+	}
+	in := strings.Repeat("?, ", len(victimStreams)-1) + "?"
+	if n := count(t, db.SQL, "SELECT COUNT(*) FROM stream_effects WHERE id > ? AND instance <> ? AND stream IN ("+in+")",
+		append([]any{maxAtKill, victim}, victimStreams...)...); n == 0 {
+		t.Errorf("no effects on %s's partitions %v after its kill", victim, victimStreams)
+	} else {
+		t.Logf("%d effects on %s's partitions %v after its kill", n, victim, victimStreams)
+	}
 	final := holders()
 	for i := range partitions {
 		if o := final[i]; o == "" || o == victim {
 			t.Errorf("partition %d held by %q after the kill of %s", i, o, victim)
 		}
 	}
-	names := slices.Sorted(func(yield func(string) bool) {
-		for k := range byInstance {
-			if !yield(k) {
-				return
-			}
+	t.Logf("effects by process: %v", byInstance)
+}
+
+// A process that lost its partition's lock without noticing yet (its check
+// is far off) and is in the middle of a message's transaction commits
+// nothing: another process claimed the partition (a new epoch), and the
+// old one's fenced offset write updates no row, so its transaction rolls
+// back and it stops with ErrPartitionLost. Every effect once.
+func TestStreamConsumerFencesLostPartition(t *testing.T) {
+	const n = 20
+	db := schemaDB(t)
+	if _, err := db.SQL.Exec(streamEffectsTable); err != nil {
+		t.Fatal(err)
+	}
+	url, super, producers, confirms := partitionStreams(t, db, 1)
+	var msgs []streamMsg
+	for i := range n {
+		msgs = append(msgs, streamMsg{key: "k", seq: int64(i + 1), id: uuid.Must(uuid.NewV7()).String()})
+	}
+	ctx := testenv.WorkContext(t)
+	if err := publishStreams(ctx, producers, confirms, msgs); err != nil {
+		t.Fatal(err)
+	}
+	senv, err := stream.NewEnvironment(stream.NewEnvironmentOptions().SetUri(url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = senv.Close() })
+	consumer := "sc-" + db.Name
+	handler := func(instance string) map[string]dedup.StreamHandler {
+		return map[string]dedup.StreamHandler{"test.event": func(ctx context.Context, tx *sql.Tx, m dedup.StreamMessage) error {
+			id := uuid.MustParse(m.Delivery.MessageId)
+			seq, _ := m.Delivery.Headers["seq"].(int64)
+			_, err := tx.ExecContext(ctx, "INSERT INTO stream_effects (message_id, pkey, seq, instance, stream, off) VALUES (?, 'k', ?, ?, ?, ?)",
+				id[:], seq, instance, m.Stream, m.Offset)
+			return err
+		}}
+	}
+	// a processes messages until the fifth, where it waits in the
+	// transaction, before the offset write, for release.
+	a := &dedup.StreamConsumer{Inbox: dedup.New(db.SQL, consumer), Stream: super, Partitions: 1,
+		CheckInterval: time.Hour, Instance: "a", Handlers: handler("a")}
+	waiting, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	dedup.SetBeforeOffset(a, func(m dedup.StreamMessage) {
+		if m.Offset == 4 {
+			close(waiting)
+			<-release
 		}
 	})
-	t.Logf("effects by process: %v (%v)", byInstance, names)
+	aCtx, aStop := context.WithCancel(ctx)
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.Run(aCtx, senv) }() // owned by the test: aStop, then aDone
+	defer func() { releaseOnce.Do(func() { close(release) }); aStop(); <-aDone }()
+	step, cancel := progress.Step(ctx)
+	defer cancel()
+	select {
+	case <-waiting:
+	case <-step.Done():
+		t.Fatal("a never reached its fifth message")
+	}
+
+	// a's lock connections (its partition's and its member slot's) die,
+	// as when the network drops them; a does not check before its next
+	// CheckInterval.
+	for _, lock := range []string{dedup.StreamLockName(consumer, dedup.PartitionStream(super, 0)), dedup.StreamMemberLockName(consumer, super, 0)} {
+		var connID int64
+		if err := db.SQL.QueryRow("SELECT IS_USED_LOCK(?)", lock).Scan(&connID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.SQL.Exec(fmt.Sprintf("KILL CONNECTION %d", connID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := &dedup.StreamConsumer{Inbox: dedup.New(db.SQL, consumer), Stream: super, Partitions: 1,
+		CheckInterval: 50 * time.Millisecond, Instance: "b", Handlers: handler("b")}
+	bCtx, bStop := context.WithCancel(ctx)
+	bDone := make(chan error, 1)
+	go func() { bDone <- b.Run(bCtx, senv) }() // owned by the test: bStop, then bDone
+	defer func() { bStop(); <-bDone }()
+	effects := func() int64 { return int64(count(t, db.SQL, "SELECT COUNT(*) FROM stream_effects")) }
+	if err := progress.Wait(ctx, "b processes the rest", effects, func() bool { return effects() >= n }); err != nil {
+		t.Fatal(err)
+	}
+	releaseOnce.Do(func() { close(release) })
+	if err := progress.Wait(ctx, "a sees its partition lost", nil, func() bool { return a.Stats().Losses > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	if got, d := effects(), count(t, db.SQL, "SELECT COUNT(DISTINCT message_id) FROM stream_effects"); got != n || d != n {
+		t.Fatalf("%d effects of %d messages, want %d", got, d, n)
+	}
+	if got := count(t, db.SQL, "SELECT COUNT(*) FROM stream_effects WHERE instance = 'a'"); got != 4 {
+		t.Errorf("a committed %d effects, want 4 (offsets 0-3)", got)
+	}
+	var epoch, next int64
+	if err := db.SQL.QueryRow("SELECT epoch, next_offset FROM stream_consumer_offsets WHERE consumer = ?", consumer).Scan(&epoch, &next); err != nil {
+		t.Fatal(err)
+	}
+	if epoch != 2 || next != n {
+		t.Errorf("offsets row: epoch %d, next_offset %d; want 2, %d", epoch, next, n)
+	}
+	if s := a.Stats(); s.Processed != 4 {
+		t.Errorf("a's stats %+v: want 4 processed", s)
+	}
 }
