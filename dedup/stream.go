@@ -30,7 +30,7 @@ const StreamOffsetsTable = "stream_consumer_offsets"
 
 // Defaults of the StreamConsumer's zero fields.
 const (
-	DefaultStreamCredits = 4
+	DefaultStreamCredits = 32
 	DefaultCheckInterval = 500 * time.Millisecond
 	DefaultStreamBuffer  = 256
 )
@@ -121,11 +121,18 @@ type StreamConsumer struct {
 	// Instance names this process in the offsets' owner column; "" means
 	// the host-independent random name Run makes.
 	Instance string
+	// Deduplicate also records each message in message_deduplication, in
+	// the same transaction, and skips (moving the offset past it) a message
+	// whose id the consumer recorded before: for the cases where the relay
+	// delivers at least once and a message can be in a stream twice, at two
+	// offsets (docs/operations.md, "The stream destination"). Off, the
+	// offset alone gives each stream entry's effect once.
+	Deduplicate bool
 	// Logger receives claims and releases (Info), failures (Warn) and
 	// messages given up on (Error). nil means no logging.
 	Logger *slog.Logger
 
-	stats struct{ processed, retried, failed, claims, losses atomic.Int64 }
+	stats struct{ processed, duplicates, retried, failed, claims, losses atomic.Int64 }
 	mu    sync.Mutex
 	held  []int // partitions held now, for Held
 	// beforeOffset, when set (by tests), runs in a message's transaction
@@ -135,21 +142,23 @@ type StreamConsumer struct {
 
 // StreamStats counts what a StreamConsumer did, over all its Runs.
 type StreamStats struct {
-	Processed int64 // handler ran and committed with the offset
-	Retried   int64 // failed attempts that were tried again
-	Failed    int64 // copied to outbox_failed with the offset moved past
-	Claims    int64 // partitions claimed
-	Losses    int64 // partitions whose lock or epoch was lost
+	Processed  int64 // handler ran and committed with the offset
+	Duplicates int64 // with Deduplicate: recorded before, skipped, offset moved past
+	Retried    int64 // failed attempts that were tried again
+	Failed     int64 // copied to outbox_failed with the offset moved past
+	Claims     int64 // partitions claimed
+	Losses     int64 // partitions whose lock or epoch was lost
 }
 
 // Stats returns the counts so far.
 func (c *StreamConsumer) Stats() StreamStats {
 	return StreamStats{
-		Processed: c.stats.processed.Load(),
-		Retried:   c.stats.retried.Load(),
-		Failed:    c.stats.failed.Load(),
-		Claims:    c.stats.claims.Load(),
-		Losses:    c.stats.losses.Load(),
+		Processed:  c.stats.processed.Load(),
+		Duplicates: c.stats.duplicates.Load(),
+		Retried:    c.stats.retried.Load(),
+		Failed:     c.stats.failed.Load(),
+		Claims:     c.stats.claims.Load(),
+		Losses:     c.stats.losses.Load(),
 	}
 }
 
@@ -698,11 +707,26 @@ func (p *partition) commit(ctx context.Context, m StreamMessage, h StreamHandler
 		return fmt.Errorf("dedup: stream consumer %q, %s offset %d: %w: the offsets row has another epoch than %d (claimed by another process)",
 			c.Inbox.consumer, p.stream, m.Offset, ErrPartitionLost, p.epoch)
 	}
-	if h != nil {
+	duplicate := false
+	if h != nil && c.Deduplicate {
+		id, _ := outbox.ParseMessageID(m.Delivery.MessageId) // a UUID: handlerFor checked
+		_, err := tx.ExecContext(ctx, "INSERT INTO "+DedupTable+
+			" (consumer, message_id, message_name, processed_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6))",
+			c.Inbox.consumer, id[:], truncate(m.Delivery.Type, MaxNameLen))
+		switch {
+		case mysqlCode(err) == errDupEntry:
+			duplicate = true
+		case err != nil:
+			return fmt.Errorf("dedup: stream consumer %q, %s offset %d: record message %s: %w", c.Inbox.consumer, p.stream, m.Offset, id, err)
+		}
+	}
+	switch {
+	case duplicate:
+	case h != nil:
 		if err := h(ctx, tx, m); err != nil {
 			return err
 		}
-	} else {
+	default:
 		id, _ := outbox.ParseMessageID(m.Delivery.MessageId) // zero when not a UUID
 		if _, err := tx.ExecContext(ctx, "INSERT INTO "+FailedTable+
 			` (outbox_id, message_id, partition_key, exchange, routing_key, message_type, headers, payload,
@@ -715,9 +739,12 @@ func (p *partition) commit(ctx context.Context, m StreamMessage, h StreamHandler
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("dedup: stream consumer %q, %s offset %d: commit: %w", c.Inbox.consumer, p.stream, m.Offset, err)
 	}
-	if h != nil {
+	switch {
+	case duplicate:
+		c.stats.duplicates.Add(1)
+	case h != nil:
 		c.stats.processed.Add(1)
-	} else {
+	default:
 		c.stats.failed.Add(1)
 	}
 	return nil

@@ -167,6 +167,7 @@ type streamMsg struct {
 	key string
 	seq int64
 	id  string
+	typ string // "" means test.event
 }
 
 // publishStreams publishes msgs into the partition streams in the relay's
@@ -177,7 +178,11 @@ func publishStreams(ctx context.Context, producers []*stream.Producer, confirms 
 	for _, m := range msgs {
 		p := streams.Partition(m.key, m.id, len(producers))
 		am := samqp.NewMessage([]byte(fmt.Sprintf(`{"key":%q,"seq":%d}`, m.key, m.seq)))
-		am.Properties = &samqp.MessageProperties{MessageID: m.id, Subject: "test.event", ContentType: "application/json"}
+		typ := m.typ
+		if typ == "" {
+			typ = "test.event"
+		}
+		am.Properties = &samqp.MessageProperties{MessageID: m.id, Subject: typ, ContentType: "application/json"}
 		am.ApplicationProperties = map[string]any{"x-partition-key": m.key, "seq": m.seq, "x-exchange": "", "x-routing-key": "rk"}
 		batches[p] = append(batches[p], am)
 	}
@@ -516,5 +521,65 @@ func TestStreamConsumerFencesLostPartition(t *testing.T) {
 	}
 	if s := a.Stats(); s.Processed != 4 {
 		t.Errorf("a's stats %+v: want 4 processed", s)
+	}
+}
+
+// With Deduplicate, a message that is in the stream twice (at two offsets,
+// as after the relay's at-least-once cases) has its effect once; a type
+// without a handler and a message whose handler keeps failing go to
+// outbox_failed, and the offset moves past all of them.
+func TestStreamConsumerDeduplicatesAndGivesUp(t *testing.T) {
+	db := schemaDB(t)
+	if _, err := db.SQL.Exec(streamEffectsTable); err != nil {
+		t.Fatal(err)
+	}
+	url, super, producers, confirms := partitionStreams(t, db, 1)
+	var msgs []streamMsg
+	for i := range 20 {
+		msgs = append(msgs, streamMsg{key: "k", seq: int64(i + 1), id: uuid.Must(uuid.NewV7()).String()})
+	}
+	poison := msgs[7].id
+	msgs = append(msgs, msgs[3], msgs[10], streamMsg{key: "k", id: uuid.Must(uuid.NewV7()).String(), typ: "other"}, msgs[0])
+	ctx := testenv.WorkContext(t)
+	if err := publishStreams(ctx, producers, confirms, msgs); err != nil {
+		t.Fatal(err)
+	}
+	senv, err := stream.NewEnvironment(stream.NewEnvironmentOptions().SetUri(url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = senv.Close() })
+	consumer := "sc-" + db.Name
+	c := &dedup.StreamConsumer{Inbox: dedup.New(db.SQL, consumer), Stream: super, Partitions: 1, Deduplicate: true,
+		MaxAttempts: 2, RetryDelay: -1, CheckInterval: 50 * time.Millisecond,
+		Handlers: map[string]dedup.StreamHandler{"test.event": func(ctx context.Context, tx *sql.Tx, m dedup.StreamMessage) error {
+			if m.Delivery.MessageId == poison {
+				return errors.New("poison")
+			}
+			id := uuid.MustParse(m.Delivery.MessageId)
+			_, err := tx.ExecContext(ctx, "INSERT INTO stream_effects (message_id, pkey, seq, instance, stream, off) VALUES (?, 'k', 0, '', ?, ?)",
+				id[:], m.Stream, m.Offset)
+			return err
+		}}}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx, senv) }() // owned by the test: stop, then done
+	defer func() { stop(); <-done }()
+	offset := func() int64 {
+		var next int64
+		_ = db.SQL.QueryRow("SELECT next_offset FROM stream_consumer_offsets WHERE consumer = ?", consumer).Scan(&next)
+		return next
+	}
+	if err := progress.Wait(ctx, "the offset reaches the stream's end", offset, func() bool { return offset() == int64(len(msgs)) }); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db.SQL, "SELECT COUNT(*) FROM stream_effects"); n != 19 {
+		t.Errorf("%d effects, want 19 (20 messages, one poison)", n)
+	}
+	if n := count(t, db.SQL, "SELECT COUNT(*) FROM outbox_failed WHERE source = 'inbox'"); n != 2 {
+		t.Errorf("%d messages in outbox_failed, want 2 (the poison and the type without a handler)", n)
+	}
+	if s := c.Stats(); s.Processed != 19 || s.Duplicates != 3 || s.Failed != 2 || s.Retried != 1 {
+		t.Errorf("stats %+v, want 19 processed, 3 duplicates, 2 failed, 1 retried", s)
 	}
 }
