@@ -47,11 +47,11 @@ var ErrPartitionLost = errors.New("partition lost")
 // application properties but x-exchange and x-routing-key), Exchange and
 // RoutingKey (those two), Body. Delivery has no channel: it cannot be acked.
 type StreamMessage struct {
-	Stream    string        // the partition stream, NAME-i
-	Partition int           // i
-	Offset    int64         // the message's offset in Stream
-	Delivery  amqp.Delivery // the message's fields
-	Raw       *samqp.Message
+	Stream    string         // the partition stream, NAME-i
+	Partition int            // i
+	Offset    int64          // the message's offset in Stream
+	Delivery  amqp.Delivery  // the message's fields
+	Raw       *samqp.Message // the message as the stream client decoded it
 }
 
 // StreamHandler does the database work of one stream message in tx, the
