@@ -410,9 +410,14 @@ func lockHeld(ctx context.Context, conn *sql.Conn, name string) bool {
 	return err == nil && mine.Valid && mine.Bool
 }
 
-// dropLock releases a lock by closing its connection (the server frees a
-// connection's locks when it ends); the connection is not pooled again.
-func dropLock(conn *sql.Conn) {
+// dropLock releases the named lock (RELEASE_LOCK, so another process
+// sees it free at once) and closes its connection without pooling it again
+// (the server frees a connection's locks when it ends, which covers a
+// connection that no longer answers).
+func dropLock(conn *sql.Conn, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", name)
 	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	_ = conn.Close()
 }
@@ -428,7 +433,7 @@ func (r *streamRun) claim(ctx context.Context, i int) error {
 	}
 	epoch, next, err := c.claimRow(ctx, name, r.instance)
 	if err != nil {
-		dropLock(conn)
+		dropLock(conn, StreamLockName(c.Inbox.consumer, name))
 		return err
 	}
 	p := &partition{c: c, index: i, stream: name, lock: conn, epoch: epoch, next: next,
@@ -437,7 +442,7 @@ func (r *streamRun) claim(ctx context.Context, i int) error {
 	p.cancel = cancel
 	if err := p.subscribe(pctx, r.env); err != nil {
 		cancel()
-		dropLock(conn)
+		dropLock(conn, StreamLockName(c.Inbox.consumer, name))
 		return err
 	}
 	r.parts[i] = p
@@ -481,7 +486,7 @@ func (c *StreamConsumer) claimRow(ctx context.Context, name, instance string) (e
 func (r *streamRun) release(i int) {
 	p := r.parts[i]
 	p.stop()
-	dropLock(p.lock)
+	dropLock(p.lock, StreamLockName(r.c.Inbox.consumer, p.stream))
 	delete(r.parts, i)
 	r.c.setHeld(r.parts)
 	if p.err != nil && ctxErr(p.err) == nil {
@@ -502,7 +507,7 @@ func (r *streamRun) stopAll() {
 		r.release(i)
 	}
 	if r.member != nil {
-		dropLock(r.member)
+		dropLock(r.member, streamMemberLockName(r.c.Inbox.consumer, r.c.Stream, r.slot))
 		r.member = nil
 	}
 }

@@ -564,7 +564,13 @@ func TestStreamConsumerDeduplicatesAndGivesUp(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx, senv) }() // owned by the test: stop, then done
-	defer func() { stop(); <-done }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+			<-done
+		}
+	}()
 	offset := func() int64 {
 		var next int64
 		_ = db.SQL.QueryRow("SELECT next_offset FROM stream_consumer_offsets WHERE consumer = ?", consumer).Scan(&next)
@@ -581,5 +587,18 @@ func TestStreamConsumerDeduplicatesAndGivesUp(t *testing.T) {
 	}
 	if s := c.Stats(); s.Processed != 19 || s.Duplicates != 3 || s.Failed != 2 || s.Retried != 1 {
 		t.Errorf("stats %+v, want 19 processed, 3 duplicates, 2 failed, 1 retried", s)
+	}
+	// A clean stop: Run returns nil and the partition's lock is free.
+	stop()
+	stopped = true
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var holder sql.NullInt64
+	if err := db.SQL.QueryRow("SELECT IS_USED_LOCK(?)", dedup.StreamLockName(consumer, dedup.PartitionStream(super, 0))).Scan(&holder); err != nil || holder.Valid {
+		t.Errorf("after Run returned the partition's lock is held by connection %v (%v)", holder, err)
+	}
+	if h := c.Held(); len(h) != 0 {
+		t.Errorf("Held() = %v after Run returned", h)
 	}
 }
