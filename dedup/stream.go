@@ -19,6 +19,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	samqp "github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -131,6 +133,15 @@ type StreamConsumer struct {
 	// Logger receives claims and releases (Info), failures (Warn) and
 	// messages given up on (Error). nil means no logging.
 	Logger *slog.Logger
+	// TracerProvider makes the consumer span each message's handling
+	// (every attempt) runs in: "process <partition stream>", kind
+	// consumer, a child of (and linked to) the producer's span read from
+	// the message's traceparent, tracestate and baggage, as Consumer's.
+	// nil means the global otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context from the application properties.
+	// nil means outbox.DefaultPropagator().
+	Propagator propagation.TextMapPropagator
 
 	stats struct{ processed, duplicates, retried, failed, claims, losses atomic.Int64 }
 	mu    sync.Mutex
@@ -618,9 +629,15 @@ func (p *partition) run(ctx context.Context) {
 
 // process handles m until it commits (processed, or moved to
 // outbox_failed); an error means the partition must stop.
-func (p *partition) process(ctx context.Context, m StreamMessage) error {
+func (p *partition) process(ctx context.Context, m StreamMessage) (err error) {
 	c := p.c
-	work := context.WithoutCancel(ctx)
+	work, span := c.startSpan(context.WithoutCancel(ctx), m)
+	defer func() {
+		if err != nil {
+			spanFailed(work, err)
+		}
+		span.End()
+	}()
 	h, reason := c.handlerFor(m)
 	for attempt := int64(1); ; attempt++ {
 		var err error
@@ -641,6 +658,7 @@ func (p *partition) process(ctx context.Context, m StreamMessage) error {
 		if maxAttempts := int64(orDefault(c.MaxAttempts, DefaultMaxAttempts)); attempt >= maxAttempts {
 			c.log(slog.LevelError, "message failed; moving it to "+FailedTable, slog.String("stream", p.stream),
 				slog.Int64("offset", m.Offset), slog.String("message_id", m.Delivery.MessageId), slog.Any("error", err))
+			spanFailed(work, err)
 			gerr := p.commit(work, m, nil, attempt, err.Error(),
 				fmt.Sprintf("consumer %q: %d failed attempts, the last: %v", c.Inbox.consumer, attempt, err))
 			if gerr == nil {
@@ -653,6 +671,7 @@ func (p *partition) process(ctx context.Context, m StreamMessage) error {
 			err = gerr
 		}
 		c.stats.retried.Add(1)
+		trace.SpanFromContext(work).RecordError(err)
 		c.log(slog.LevelWarn, "message failed; trying it again", slog.String("stream", p.stream),
 			slog.Int64("offset", m.Offset), slog.String("message_id", m.Delivery.MessageId), slog.Int64("attempts", attempt), slog.Any("error", err))
 		if d := c.RetryDelay; d >= 0 {

@@ -7,7 +7,12 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	samqp "github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Each process's share of the partitions, rounded up, so every partition
@@ -126,5 +131,40 @@ func TestStreamConsumerCheck(t *testing.T) {
 	}
 	if err := (&StreamConsumer{Inbox: in, Stream: "s", Partitions: 8}).check(); err != nil {
 		t.Error(err)
+	}
+}
+
+// A stream message's span continues the producer's trace (traceparent in
+// the application properties), names the partition stream, and carries
+// the partition and the offset.
+func TestStreamSpan(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	c := &StreamConsumer{Inbox: New(nil, "billing"), TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))}
+	m := StreamMessage{Stream: "orders-3", Partition: 3, Offset: 77}
+	m.Delivery.MessageId = "0190f1c2-3b4d-7e5f-8a9b-0c1d2e3f4a5b"
+	m.Delivery.Headers = amqp.Table{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "x-partition-key": "k"}
+	_, span := c.startSpan(context.Background(), m)
+	span.End()
+	spans := rec.Ended()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans", len(spans))
+	}
+	s := spans[0]
+	if s.Name() != "process orders-3" || s.SpanKind() != trace.SpanKindConsumer ||
+		s.Parent().TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" || len(s.Links()) != 1 {
+		t.Fatalf("span %s kind %v parent %v links %d", s.Name(), s.SpanKind(), s.Parent().TraceID(), len(s.Links()))
+	}
+	want := map[attribute.Key]string{"messaging.destination.name": "orders-3", "messaging.destination.partition.id": "3",
+		"messaging.rabbitmq.stream.offset": "77", "messaging.consumer.group.name": "billing", "outbox.partition_key": "k"}
+	for _, kv := range s.Attributes() {
+		if w, ok := want[kv.Key]; ok {
+			if kv.Value.Emit() != w {
+				t.Errorf("%s = %s, want %s", kv.Key, kv.Value.Emit(), w)
+			}
+			delete(want, kv.Key)
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("attributes missing: %v", want)
 	}
 }
