@@ -34,8 +34,12 @@ const StreamOffsetsTable = "stream_consumer_offsets"
 const (
 	DefaultStreamCredits = 32
 	DefaultCheckInterval = 500 * time.Millisecond
-	DefaultStreamBuffer  = 256
 )
+
+// streamBuffer is how many messages of a partition wait, decoded, for its
+// worker; the subscription's callback blocks when it is full, and the
+// broker's credits follow.
+const streamBuffer = 256
 
 // ErrPartitionLost is matched (errors.Is) by the error a partition's work
 // ends with when its lock was lost or another process claimed it since:
@@ -500,16 +504,9 @@ func (r *streamRun) release(i int) {
 	dropLock(p.lock, StreamLockName(r.c.Inbox.consumer, p.stream))
 	delete(r.parts, i)
 	r.c.setHeld(r.parts)
-	if p.err != nil && ctxErr(p.err) == nil {
+	if p.err != nil && !errors.Is(p.err, context.Canceled) {
 		r.c.log(slog.LevelWarn, "partition stopped", slog.String("stream", p.stream), slog.Any("error", p.err))
 	}
-}
-
-func ctxErr(err error) error {
-	if errors.Is(err, context.Canceled) {
-		return err
-	}
-	return nil
 }
 
 // stopAll gives back every partition and the member slot.
@@ -561,7 +558,7 @@ func (p *partition) subscribe(ctx context.Context, env *stream.Environment) erro
 	if credits == 0 {
 		credits = DefaultStreamCredits
 	}
-	p.msgs = make(chan StreamMessage, DefaultStreamBuffer)
+	p.msgs = make(chan StreamMessage, streamBuffer)
 	sub, err := env.NewConsumer(p.stream, func(cc stream.ConsumerContext, m *samqp.Message) {
 		sm := StreamMessage{Stream: p.stream, Partition: p.index, Offset: cc.Consumer.GetOffset(),
 			Delivery: streamDelivery(m), Raw: m}
