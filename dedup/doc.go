@@ -11,6 +11,15 @@
 // of attempts counted in the database, after which the message goes to
 // outbox_failed with source 'inbox', and a clean stop.
 //
+// [StreamConsumer] reads the relay's stream destination (partition streams
+// NAME-0 … NAME-(N-1)) and stores, in the handler's transaction, the offset
+// past each message per (consumer, partition stream) in table
+// stream_consumer_offsets: a restart resumes after the last committed
+// message, each message's effect commits once, without a row per message.
+// One process per partition at a time (a GET_LOCK per partition, checked,
+// and an epoch fencing the offset write); several processes share the
+// partitions and take over a dead one's.
+//
 // # Isolation level
 //
 // Any isolation level InnoDB offers keeps the once-only guarantee; READ

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
 
 	"github.com/outbox-relay/outbox-relay/dedup"
 )
@@ -98,4 +99,40 @@ func ExampleErrInvalidMessageID() {
 	// Output:
 	// dedup: consumer "billing": message id is not a UUID: parse message id "order-42": want 8-4-4-4-12 hex form
 	// true
+}
+
+// Consume the relay's stream destination (--stream orders
+// --stream-partitions 8) exactly once: run the same program in several
+// processes; they share the eight partitions and take over a dead one's.
+func ExampleStreamConsumer() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	db, err := sql.Open("mysql", "app:secret@tcp(127.0.0.1:3306)/billing")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	env, err := stream.NewEnvironment(stream.NewEnvironmentOptions().SetUri("rabbitmq-stream://app:secret@127.0.0.1:5552/"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer env.Close()
+
+	c := &dedup.StreamConsumer{
+		Inbox:      dedup.New(db, "billing"),
+		Stream:     "orders",
+		Partitions: 8,
+		Logger:     slog.Default(),
+		Handlers: map[string]dedup.StreamHandler{
+			"order.placed": func(ctx context.Context, tx *sql.Tx, m dedup.StreamMessage) error {
+				// In the transaction that also stores m.Offset+1 for m.Stream.
+				_, err := tx.ExecContext(ctx, "INSERT INTO invoices (order_ref, body) VALUES (?, ?)",
+					m.Delivery.Headers["x-partition-key"], m.Delivery.Body)
+				return err
+			},
+		},
+	}
+	if err := c.Run(ctx, env); err != nil {
+		log.Fatal(err)
+	}
 }

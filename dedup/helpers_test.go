@@ -19,7 +19,12 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(streamChildEnv) != "" { // a consumer process of TestStreamConsumerKilledProcess
+		os.Exit(streamChild())
+	}
+	os.Exit(testenv.Main(m))
+}
 
 // schemaDB returns a fresh database with the relay's schema (the inbox
 // tables among it) and a table effects, where handlers write one row per

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"strconv"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
@@ -42,11 +43,17 @@ func (c tableCarrier) Keys() []string {
 // a valid context (none, or a malformed traceparent) starts a new trace.
 // The returned context carries the span and the producer's baggage.
 func (c *Consumer) startSpan(ctx context.Context, d amqp.Delivery) (context.Context, trace.Span) {
-	p := c.Propagator
+	return startSpan(ctx, c.TracerProvider, c.Propagator, c.Inbox.consumer, c.Queue, d.Exchange, d)
+}
+
+// startSpan starts the span "process <source>" of d for consumer, as
+// Consumer.startSpan describes; destination is the span's
+// messaging.destination.name, extra are further attributes.
+func startSpan(ctx context.Context, tp trace.TracerProvider, p propagation.TextMapPropagator, consumer, source, destination string,
+	d amqp.Delivery, extra ...attribute.KeyValue) (context.Context, trace.Span) {
 	if p == nil {
 		p = outbox.DefaultPropagator()
 	}
-	tp := c.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
@@ -55,10 +62,10 @@ func (c *Consumer) startSpan(ctx context.Context, d amqp.Delivery) (context.Cont
 		attribute.String("messaging.system", "rabbitmq"),
 		attribute.String("messaging.operation.name", "process"),
 		attribute.String("messaging.operation.type", "process"),
-		attribute.String("messaging.destination.name", d.Exchange),
+		attribute.String("messaging.destination.name", destination),
 		attribute.String("messaging.rabbitmq.destination.routing_key", d.RoutingKey),
 		attribute.String("messaging.message.id", d.MessageId),
-		attribute.String("messaging.consumer.group.name", c.Inbox.consumer),
+		attribute.String("messaging.consumer.group.name", consumer),
 		attribute.Int("messaging.message.body.size", len(d.Body)),
 	}
 	if key, _ := d.Headers[headerPartitionKey].(string); key != "" {
@@ -67,11 +74,22 @@ func (c *Consumer) startSpan(ctx context.Context, d amqp.Delivery) (context.Cont
 	if d.Type != "" {
 		attrs = append(attrs, attribute.String("outbox.message_type", d.Type))
 	}
+	attrs = append(attrs, extra...)
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
 	if producer := trace.SpanContextFromContext(ctx); producer.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
 	}
-	return tp.Tracer(tracerName).Start(ctx, "process "+c.Queue, opts...)
+	return tp.Tracer(tracerName).Start(ctx, "process "+source, opts...)
+}
+
+// startSpan starts the consumer span of m ("process <partition stream>",
+// kind consumer), a child of and linked to the producer's span as
+// Consumer's spans are; its destination is the partition stream, with the
+// partition's index and the message's offset.
+func (c *StreamConsumer) startSpan(ctx context.Context, m StreamMessage) (context.Context, trace.Span) {
+	return startSpan(ctx, c.TracerProvider, c.Propagator, c.Inbox.consumer, m.Stream, m.Stream, m.Delivery,
+		attribute.String("messaging.destination.partition.id", strconv.Itoa(m.Partition)),
+		attribute.Int64("messaging.rabbitmq.stream.offset", m.Offset))
 }
 
 // spanFailed marks the span of ctx failed with err.

@@ -74,6 +74,8 @@ func plan(table string, partitionedTable bool) []migration {
 		{"0009_progress_outbox_table", "0009_progress_outbox_table.sql", nil},
 		// stream_ids on a progress table created before it existed.
 		{"0010_progress_stream_ids", "0010_progress_stream_ids.sql", nil},
+		// dedup.StreamConsumer's offsets; it runs again if the table is gone.
+		{"0011_stream_consumer_offsets", "0011_stream_consumer_offsets.sql", []string{StreamOffsetsTable}},
 	}
 }
 

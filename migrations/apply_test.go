@@ -53,7 +53,7 @@ func TestApplyEmptyThenNoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table", "0010_progress_stream_ids"}; !reflect.DeepEqual(applied, want) {
+	if want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table", "0010_progress_stream_ids", "0011_stream_consumer_offsets"}; !reflect.DeepEqual(applied, want) {
 		t.Fatalf("applied %v, want %v", applied, want)
 	}
 	applied, err = migrations.Apply(ctx, db, migrations.Options{})
@@ -80,8 +80,10 @@ func TestApplyEmptyThenNoop(t *testing.T) {
 			"last_event_at datetime(6)", "updated_at datetime(6)"},
 		"outbox_failed": append(append([]string{"id bigint(20) unsigned", "outbox_id bigint(20) unsigned"}, wantOutbox[1:]...),
 			"error text", "source varchar(16)", "failed_at datetime(6)"),
-		"message_deduplication":   wantDedupColumns,
-		"message_inbox_attempts":  wantAttempts,
+		"message_deduplication":  wantDedupColumns,
+		"message_inbox_attempts": wantAttempts,
+		"stream_consumer_offsets": {"consumer varchar(255)", "stream varchar(255)", "next_offset bigint(20) unsigned",
+			"epoch bigint(20) unsigned", "owner varchar(255)", "claimed_at datetime(6)", "updated_at datetime(6)"},
 		"outbox_relay_migrations": {"version varchar(255)", "applied_at datetime(6)"},
 		"outbox_relay_instances": {"relay_name varchar(255)", "instance varchar(255)", "role varchar(16)",
 			"started_at datetime(6)", "heartbeat datetime(6)"},
@@ -134,7 +136,7 @@ func TestApplyPartitioned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(applied) != 9 {
+	if len(applied) != 10 {
 		t.Fatalf("applied %v", applied)
 	}
 	rows, err := db.Query(`SELECT PARTITION_NAME, PARTITION_DESCRIPTION FROM information_schema.PARTITIONS
@@ -262,7 +264,7 @@ func TestApplyAdoptsCompatibleTable(t *testing.T) {
 	// Adopted as it is, plus the poller's indexes it lacks and the UTC
 	// default of created_at.
 	applied, err := migrations.Apply(ctx, db, migrations.Options{})
-	want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table", "0010_progress_stream_ids", "0002_outbox_indexes:outbox", "0003_created_at_utc:outbox"}
+	want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table", "0010_progress_stream_ids", "0011_stream_consumer_offsets", "0002_outbox_indexes:outbox", "0003_created_at_utc:outbox"}
 	if err != nil || strings.Join(applied, ",") != strings.Join(want, ",") {
 		t.Fatalf("applied %v, err %v; want %v", applied, err, want)
 	}
@@ -291,8 +293,8 @@ func TestApplyConcurrent(t *testing.T) {
 		total += len(results[i])
 	}
 	// Each version applied by exactly one run.
-	if total != 9 {
-		t.Fatalf("versions applied %v in total, want 9", results)
+	if total != 10 {
+		t.Fatalf("versions applied %v in total, want 10", results)
 	}
 }
 

@@ -171,7 +171,7 @@ func TestApplyAdoptsOldDedupTable(t *testing.T) {
 		}
 	}
 	applied, err := migrations.Apply(ctx, db, migrations.Options{})
-	if want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table", "0010_progress_stream_ids"}; err != nil || !slices.Equal(applied, want) {
+	if want := []string{"0001_relay_tables", "0001_outbox:outbox", "0004_dedup_consumer", "0005_progress_mode_reason", "0006_pause_and_instances", "0007_progress_failed_at", "0008_progress_broker", "0009_progress_outbox_table", "0010_progress_stream_ids", "0011_stream_consumer_offsets"}; err != nil || !slices.Equal(applied, want) {
 		t.Fatalf("applied %v, %v; want %v", applied, err, want)
 	}
 	checkDedupShape(t, db)

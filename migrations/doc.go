@@ -20,7 +20,8 @@
 // "0008_progress_broker" adds its broker and confirms_stalled_at;
 // "0009_progress_outbox_table" adds its outbox_table, leader_lease_ms and
 // leader_conn_id; "0010_progress_stream_ids" adds its stream_ids (the
-// stream destination's publishing ids).
+// stream destination's publishing ids); "0011_stream_consumer_offsets"
+// creates stream_consumer_offsets (dedup.StreamConsumer's offsets).
 // A running relay checks that every column it uses
 // exists (Current) and otherwise exits naming migrate.
 // "0003_created_at_utc:<table>" follows the

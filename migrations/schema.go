@@ -103,6 +103,15 @@ func shapes(outboxTable string) []shape {
 			{"last_error", "varchar(1024)"},
 			{"updated_at", "datetime(6)"},
 		}},
+		{"table", StreamOffsetsTable, []column{
+			{"consumer", "varchar(255)"},
+			{"stream", "varchar(255)"},
+			{"next_offset", "bigint unsigned"},
+			{"epoch", "bigint unsigned"},
+			{"owner", "varchar(255)"},
+			{"claimed_at", "datetime(6)"},
+			{"updated_at", "datetime(6)"},
+		}},
 		{"table", MigrationsTable, []column{
 			{"version", "varchar(255)"},
 			{"applied_at", "datetime(6)"},
@@ -112,12 +121,14 @@ func shapes(outboxTable string) []shape {
 
 // Names of the fixed tables.
 const (
-	ProgressTable   = "outbox_relay_progress"
-	FailedTable     = "outbox_failed"
-	DedupTable      = "message_deduplication"
-	AttemptsTable   = "message_inbox_attempts"
-	InstancesTable  = "outbox_relay_instances"
-	MigrationsTable = "outbox_relay_migrations"
+	ProgressTable = "outbox_relay_progress"
+	FailedTable   = "outbox_failed"
+	DedupTable    = "message_deduplication"
+	AttemptsTable = "message_inbox_attempts"
+	// StreamOffsetsTable holds dedup.StreamConsumer's offsets.
+	StreamOffsetsTable = "stream_consumer_offsets"
+	InstancesTable     = "outbox_relay_instances"
+	MigrationsTable    = "outbox_relay_migrations"
 )
 
 // addedLater reports whether a migration adds the column to an existing

@@ -47,7 +47,7 @@ func TestCLIMigrate(t *testing.T) {
 	db := testenv.MySQL(t)
 
 	r := runBinary(t, bin, nil, "migrate", "--mysql-dsn", db.DSN)
-	if r.code != 0 || r.stdout != "applied 0001_relay_tables\napplied 0001_outbox:outbox\napplied 0004_dedup_consumer\napplied 0005_progress_mode_reason\napplied 0006_pause_and_instances\napplied 0007_progress_failed_at\napplied 0008_progress_broker\napplied 0009_progress_outbox_table\napplied 0010_progress_stream_ids\n" {
+	if r.code != 0 || r.stdout != "applied 0001_relay_tables\napplied 0001_outbox:outbox\napplied 0004_dedup_consumer\napplied 0005_progress_mode_reason\napplied 0006_pause_and_instances\napplied 0007_progress_failed_at\napplied 0008_progress_broker\napplied 0009_progress_outbox_table\napplied 0010_progress_stream_ids\napplied 0011_stream_consumer_offsets\n" {
 		t.Fatalf("first migrate: %+v", r)
 	}
 	if !strings.Contains(r.stderr, `"msg":"schema migrated"`) {

@@ -20,8 +20,8 @@ func init() {
 		name:    "migrate",
 		summary: "create or complete the outbox-relay tables (safe to run repeatedly)",
 		help: `Creates what is missing of the outbox table (--table), outbox_relay_progress,
-outbox_failed, outbox_relay_instances, message_deduplication and
-message_inbox_attempts, upgrades tables made by earlier versions in place
+outbox_failed, outbox_relay_instances, message_deduplication,
+message_inbox_attempts and stream_consumer_offsets, upgrades tables made by earlier versions in place
 (created_at's default computed in UTC, the inbox's consumer column, the progress
 row's pause columns, failed_at, broker, confirms_stalled_at, outbox_table and
 leader_lease_ms), and records the applied versions in outbox_relay_migrations.
