@@ -561,7 +561,7 @@ func (p *partition) subscribe(ctx context.Context, env *stream.Environment) erro
 	p.msgs = make(chan StreamMessage, streamBuffer)
 	sub, err := env.NewConsumer(p.stream, func(cc stream.ConsumerContext, m *samqp.Message) {
 		sm := StreamMessage{Stream: p.stream, Partition: p.index, Offset: cc.Consumer.GetOffset(),
-			Delivery: streamDelivery(m), Raw: m}
+			Delivery: StreamDelivery(m), Raw: m}
 		select {
 		case p.msgs <- sm:
 		case <-ctx.Done():
@@ -771,9 +771,14 @@ func (p *partition) commit(ctx context.Context, m StreamMessage, h StreamHandler
 	return nil
 }
 
-// streamDelivery is the AMQP delivery a stream message stands for
-// (docs/wire.md, the stream destination).
-func streamDelivery(m *samqp.Message) amqp.Delivery {
+// StreamDelivery is the AMQP delivery a message of the relay's partition
+// streams stands for (docs/wire.md, the stream destination): message-id,
+// subject as type, content-type, creation-time as timestamp, the
+// application properties as headers (x-exchange and x-routing-key as the
+// delivery's exchange and routing key), the body. StreamConsumer hands
+// handlers this delivery; code that reads the streams itself can use it to
+// handle both destinations alike.
+func StreamDelivery(m *samqp.Message) amqp.Delivery {
 	var d amqp.Delivery
 	if p := m.Properties; p != nil {
 		if id, ok := p.MessageID.(string); ok {

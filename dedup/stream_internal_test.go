@@ -77,7 +77,7 @@ func TestStreamDelivery(t *testing.T) {
 		Subject: "order.placed", ContentType: "application/json", CreationTime: at}
 	m.ApplicationProperties = map[string]any{"x-exchange": "ex", "x-routing-key": "rk",
 		"x-partition-key": "k1", "x-outbox-id": int64(42), "tenant": "acme"}
-	d := streamDelivery(m)
+	d := StreamDelivery(m)
 	if d.MessageId != "0190f1c2-3b4d-7e5f-8a9b-0c1d2e3f4a5b" || d.Type != "order.placed" || d.ContentType != "application/json" ||
 		!d.Timestamp.Equal(at) || d.Exchange != "ex" || d.RoutingKey != "rk" || string(d.Body) != "body" {
 		t.Fatalf("delivery %+v", d)
@@ -88,7 +88,7 @@ func TestStreamDelivery(t *testing.T) {
 	if _, ok := d.Headers["x-exchange"]; ok {
 		t.Fatalf("x-exchange left in the headers: %v", d.Headers)
 	}
-	if d := streamDelivery(&samqp.Message{}); d.MessageId != "" || len(d.Headers) != 0 {
+	if d := StreamDelivery(&samqp.Message{}); d.MessageId != "" || len(d.Headers) != 0 {
 		t.Fatalf("empty message: %+v", d)
 	}
 }

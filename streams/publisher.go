@@ -295,7 +295,9 @@ func (p *Publisher) producerOpen(ctx context.Context, name string, i int) (*Prod
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		pr.startClose() // Close has listed the producers already: left to close on its own
+		// Close has listed the producers already, and its env.Close may be
+		// under way: closing this one here too could run the client's
+		// close of it twice at once (a panic); env.Close closes it.
 		return nil, fmt.Errorf("open producer %s: %w", name, ErrPublisherClosed)
 	}
 	p.producers[name] = pr
@@ -404,6 +406,11 @@ func (p *Publisher) Close() error {
 	for _, pr := range prs {
 		pr.startClose()
 	}
+	waited := make(chan struct{})
+	go func() { // ends when the calls do; Close does not wait for it beyond the deadline
+		p.calls.Wait()
+		close(waited)
+	}()
 	envClosed := make(chan error, 1)
 	if p.env != nil {
 		// Left behind when env.Close never returns (see above). It starts
@@ -413,25 +420,26 @@ func (p *Publisher) Close() error {
 		// at once (its status check is not atomic: a second close sends
 		// on a closed channel and panics); by then each has marked itself
 		// closed, so env.Close's returns AlreadyClosed.
+		// It waits for the broker calls too: a producer opening while
+		// Close runs closes itself within its call when it finds the
+		// publisher closed.
 		go func() {
-			half := time.NewTimer(p.callsWait / 2)
-			defer half.Stop()
-		wait:
+			half := make(chan struct{}) // closed halfway to the deadline
+			timer := time.AfterFunc(p.callsWait/2, func() { close(half) })
+			defer timer.Stop()
+			select {
+			case <-waited:
+			case <-half:
+			}
 			for _, pr := range prs {
 				select {
 				case <-pr.clientClosed:
-				case <-half.C:
-					break wait
+				case <-half:
 				}
 			}
 			envClosed <- p.env.Close()
 		}()
 	}
-	waited := make(chan struct{})
-	go func() { // ends when the calls do; Close does not wait for it beyond the deadline
-		p.calls.Wait()
-		close(waited)
-	}()
 	var errs []error
 	for _, pr := range prs {
 		errs = append(errs, pr.closeBy(ctx))

@@ -7,6 +7,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	samqp "github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+
+	"github.com/outbox-relay/outbox-relay/dedup"
 )
 
 // ConsumeStreams feeds every message stored in the given streams after it
@@ -34,32 +36,11 @@ func ConsumeStreams(url string, streams []string, v *Validator) (stop func(), er
 	return func() { _ = env.Close() }, nil
 }
 
-// StreamDelivery is the AMQP delivery a stream message stands for.
+// StreamDelivery is the AMQP delivery a stream message stands for
+// (dedup.StreamDelivery), its timestamp in whole seconds as AMQP 0-9-1
+// carries it, so that both destinations compare alike.
 func StreamDelivery(m *samqp.Message) amqp.Delivery {
-	var d amqp.Delivery
-	if p := m.Properties; p != nil {
-		if id, ok := p.MessageID.(string); ok {
-			d.MessageId = id
-		}
-		d.Type, d.ContentType = p.Subject, p.ContentType
-		if !p.CreationTime.IsZero() {
-			d.Timestamp = p.CreationTime.UTC().Truncate(time.Second)
-		}
-	}
-	d.DeliveryMode = amqp.Persistent
-	d.Headers = amqp.Table{}
-	for k, val := range m.ApplicationProperties {
-		switch k {
-		case "x-exchange":
-			d.Exchange, _ = val.(string)
-		case "x-routing-key":
-			d.RoutingKey, _ = val.(string)
-		default:
-			d.Headers[k] = val
-		}
-	}
-	for _, b := range m.Data {
-		d.Body = append(d.Body, b...)
-	}
+	d := dedup.StreamDelivery(m)
+	d.Timestamp = d.Timestamp.Truncate(time.Second)
 	return d
 }
