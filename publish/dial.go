@@ -6,11 +6,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -225,9 +227,21 @@ func dial(ctx context.Context, rawURL string, o ConnOptions, name string, wrap f
 		}
 		return conn, nil
 	}
+	// Whether the broker asked for a client certificate we do not have: in
+	// TLS 1.3 its refusal comes after our side of the handshake, and a busy
+	// broker may close the socket before its alert is read (an EOF).
+	asked := new(atomic.Bool)
+	if tc := cfg.TLSClientConfig; tc != nil && len(tc.Certificates) == 0 && tc.GetClientCertificate == nil {
+		tc = tc.Clone()
+		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			asked.Store(true)
+			return &tls.Certificate{}, nil // none: the broker decides
+		}
+		cfg.TLSClientConfig = tc
+	}
 	conn, err := amqp.DialConfig(rawURL, cfg)
 	if err != nil {
-		return nil, explainDialError(rawURL, o, external, sniffed != nil && sniffed.tls.Load(), err)
+		return nil, explainDialError(rawURL, o, external, sniffed != nil && sniffed.tls.Load(), asked.Load(), err)
 	}
 	return conn, nil
 }
@@ -300,14 +314,18 @@ func IsRefused(err error) bool {
 }
 
 // explainDialError names the broker and, where it can tell, the cause and
-// the fix. sawTLS: the server answered an amqp:// client in TLS.
-func explainDialError(rawURL string, o ConnOptions, external, sawTLS bool, err error) error {
+// the fix. sawTLS: the server answered an amqp:// client in TLS; askedCert:
+// the broker asked for a client certificate and we had none.
+func explainDialError(rawURL string, o ConnOptions, external, sawTLS, askedCert bool, err error) error {
 	at := "connect to AMQP broker " + redact.URL(rawURL)
 	refused := func(format string, a ...any) error {
 		return &dialError{msg: at + ": " + fmt.Sprintf(format, a...), refused: true, err: err}
 	}
 	if msg := tlsCause(rawURL, o, sawTLS, err); msg != "" {
 		return refused("%s", msg)
+	}
+	if askedCert && closedEarly(err) {
+		return refused("TLS: the broker asked for a client certificate and none was given, then closed the connection: give ConnOptions.TLSCert and ConnOptions.TLSKey")
 	}
 	var ae *amqp.Error
 	switch {
@@ -368,4 +386,11 @@ func tlsCause(rawURL string, o ConnOptions, sawTLS bool, err error) string {
 		return "TLS: the broker refused the handshake (" + alert.Error() + "): check ConnOptions.TLSCert and ConnOptions.TLSKey, and the TLS versions the broker allows"
 	}
 	return ""
+}
+
+// closedEarly tells whether err is the connection closed under the
+// handshake (an EOF or a reset) rather than an answer of the broker.
+func closedEarly(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, amqp.ErrClosed) || strings.Contains(err.Error(), "EOF") || strings.Contains(err.Error(), "connection reset")
 }

@@ -63,6 +63,11 @@ func TestRunStreamPartitionCountChangedAndBackLosesNothing(t *testing.T) {
 	v1 := consumeStreams(t, sc2)
 	load(v1, 100)
 	two.start()
+	// The rows written before the relay tails go out through the first
+	// start's sweep, which numbers freshly and stores no ids: the next
+	// rows must come from the binlog, which a busy machine may start
+	// reading only after a while.
+	two.waitLog(ctx, "tailing the binlog")
 	load(v1, 200)
 	complete("two partitions", v1)
 	testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox", 0)
