@@ -96,9 +96,14 @@ func newChannel(t testing.TB, p *publish.Publisher) (*publish.Channel, *results)
 	if err != nil {
 		t.Fatalf("NewChannel: %v", err)
 	}
-	t.Cleanup(func() { c.Close() })
+	resultsOf.Store(c, r)
+	t.Cleanup(func() { c.Close(); resultsOf.Delete(c) })
 	return c, r
 }
+
+// resultsOf maps a Channel of newChannel to its results: what publishAll
+// watches for progress.
+var resultsOf sync.Map
 
 // record is outbox row id of lane, with a 256-byte payload and headers of
 // every supported type.

@@ -13,23 +13,49 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
 
 // publishAll publishes msgs in order on c and waits for their Results.
+//
+// It fails when no Result has come for progress.Patience, not after a
+// fixed time: a busy machine's broker (a nack storm at load 25 took more
+// than a minute) is slow, not stuck.
 func publishAll(t *testing.T, c *publish.Channel, msgs []publish.Message) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithCancel(testenv.WorkContext(t))
 	defer cancel()
-	for _, m := range msgs {
-		if err := c.Publish(ctx, m); err != nil {
-			t.Errorf("Publish %v: %v", m.Tag, err)
-			return
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, m := range msgs {
+			if err := c.Publish(ctx, m); err != nil {
+				t.Errorf("Publish %v: %v", m.Tag, err)
+				return
+			}
+		}
+		if err := c.Flush(ctx); err != nil {
+			t.Errorf("Flush: %v", err)
+		}
+	}()
+	measure := func() int64 { return 0 }
+	if r, ok := resultsOf.Load(c); ok {
+		measure = func() int64 { return int64(r.(*results).len()) }
+	}
+	finished := func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
 		}
 	}
-	if err := c.Flush(ctx); err != nil {
-		t.Errorf("Flush: %v", err)
+	if err := progress.Wait(ctx, "publish and flush", measure, finished); err != nil {
+		cancel()
+		<-done
+		t.Errorf("publish %d messages: %v", len(msgs), err)
 	}
 }
 
