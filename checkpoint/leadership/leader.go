@@ -146,7 +146,18 @@ func (s *Elector) Acquire(ctx context.Context) (*Leader, error) { return s.Acqui
 // (so a stopped leader is taken over just after its lease, on the next
 // call). A standby looking again and again this way sends one statement
 // per look.
+//
+// When ctx ends, the error wraps ctx's error (a statement cut by the end of
+// ctx may fail as a bad connection instead).
 func (s *Elector) AcquireWithin(ctx context.Context, wait time.Duration) (*Leader, error) {
+	l, err := s.acquireWithin(ctx, wait)
+	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		err = fmt.Errorf("%w: %w", ctx.Err(), err)
+	}
+	return l, err
+}
+
+func (s *Elector) acquireWithin(ctx context.Context, wait time.Duration) (*Leader, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("open leadership connection: %w", err)
