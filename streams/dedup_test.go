@@ -14,19 +14,29 @@ import (
 	"github.com/outbox-relay/outbox-relay/streams"
 )
 
-// publishAll publishes msgs (ids in Seq, 0 for the producer's next) through
-// pr and waits for every result.
+// publishAll publishes one message per id (in Seq, 0 for the producer's
+// next) through pr and waits for every result.
 func publishAll(t *testing.T, pr *streams.Producer, ids ...uint64) {
 	t.Helper()
-	results := make(chan publish.Result, len(ids))
-	for _, id := range ids {
-		m := publish.Message{Seq: id}
-		m.Publishing.MessageId = fmt.Sprint("m", id)
+	msgs := make([]publish.Message, len(ids))
+	for i, id := range ids {
+		msgs[i].Seq = id
+		msgs[i].Publishing.MessageId = fmt.Sprint("m", id)
+	}
+	publishConfirmed(t, pr, msgs)
+}
+
+// publishConfirmed publishes msgs through pr and fails unless each is
+// confirmed.
+func publishConfirmed(t *testing.T, pr *streams.Producer, msgs []publish.Message) {
+	t.Helper()
+	results := make(chan publish.Result, len(msgs))
+	for _, m := range msgs {
 		if err := pr.Publish(context.Background(), m, func(r publish.Result) { results <- r }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for range ids {
+	for range msgs {
 		if r := <-results; r.Outcome != publish.Confirmed {
 			t.Fatalf("result %+v", r)
 		}

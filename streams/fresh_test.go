@@ -1,7 +1,6 @@
 package streams_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -18,19 +17,11 @@ import (
 // (Seq 0), and waits for every result.
 func publishNamed(t *testing.T, pr *streams.Producer, names ...string) {
 	t.Helper()
-	results := make(chan publish.Result, len(names))
-	for _, n := range names {
-		var m publish.Message
-		m.Publishing.MessageId = n
-		if err := pr.Publish(context.Background(), m, func(r publish.Result) { results <- r }); err != nil {
-			t.Fatal(err)
-		}
+	msgs := make([]publish.Message, len(names))
+	for i, n := range names {
+		msgs[i].Publishing.MessageId = n
 	}
-	for range names {
-		if r := <-results; r.Outcome != publish.Confirmed {
-			t.Fatalf("result %+v", r)
-		}
-	}
+	publishConfirmed(t, pr, msgs)
 }
 
 // Finding 1 against the real broker: a new leader (epoch 2) numbers freshly
