@@ -239,7 +239,7 @@ func partitionStreams(t *testing.T, db *testenv.DB, partitions int) (string, str
 		if err := senv.DeclareStream(name, &stream.StreamOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = senv.DeleteStream(name) })
+		testenv.DeleteStreamsAtCleanup(t, url, name)
 		if producers[i], err = senv.NewProducer(name, stream.NewProducerOptions()); err != nil {
 			t.Fatal(err)
 		}

@@ -77,10 +77,8 @@ func TestBrokerDropsRepeatedIDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = env.DeleteStream(cfg.PartitionName(0))
-		env.Close()
-	})
+	t.Cleanup(func() { env.Close() })
+	testenv.DeleteStreamsAtCleanup(t, u, cfg.PartitionName(0))
 	pr, err := pub.Producer(context.Background(), "p", 0)
 	if err != nil {
 		t.Fatal(err)

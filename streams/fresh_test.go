@@ -54,10 +54,8 @@ func TestFreshIDsOfANewEpochNeverCollideWithAnOlderLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = env.DeleteStream(cfg.PartitionName(0))
-		env.Close()
-	})
+	t.Cleanup(func() { env.Close() })
+	testenv.DeleteStreamsAtCleanup(t, u, cfg.PartitionName(0))
 	// The old leader opened its producer (numbering from epoch 1) and froze
 	// before sending.
 	oldPr, err := old.StartFresh(ctx, "z-0", 0)

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
-
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/publish"
 )
@@ -36,13 +34,7 @@ func TestRouterReopensAFailedProducer(t *testing.T) {
 	if _, err := pub.Declare(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		env, err := stream.NewEnvironment(stream.NewEnvironmentOptions().SetUri(u))
-		if err == nil {
-			_ = env.DeleteStream(cfg.PartitionName(0))
-			env.Close()
-		}
-	})
+	testenv.DeleteStreamsAtCleanup(t, u, cfg.PartitionName(0))
 	ctx := testenv.WorkContext(t)
 	results := make(chan publish.Result, 16)
 	r := pub.NewRouter("d", "-delayed", func(res publish.Result) { results <- res })

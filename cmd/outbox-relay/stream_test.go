@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
-
 	"github.com/outbox-relay/outbox-relay/internal/progress"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
@@ -38,17 +36,11 @@ func testStreams(t *testing.T, b *testenv.Broker, n int) streams.Config {
 	if _, err := pub.Declare(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		env, err := stream.NewEnvironment(stream.NewEnvironmentOptions().SetUri(u))
-		if err != nil {
-			t.Logf("delete the test's streams: %v", err)
-			return
-		}
-		defer env.Close()
-		for i := 0; i < n; i++ {
-			_ = env.DeleteStream(cfg.PartitionName(i))
-		}
-	})
+	names := make([]string, n)
+	for i := range names {
+		names[i] = cfg.PartitionName(i)
+	}
+	testenv.DeleteStreamsAtCleanup(t, u, names...)
 	return cfg
 }
 

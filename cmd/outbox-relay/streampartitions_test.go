@@ -4,8 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
-
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testload"
 	"github.com/outbox-relay/outbox-relay/internal/validator"
 	"github.com/outbox-relay/outbox-relay/streams"
@@ -37,12 +36,7 @@ func TestRunStreamPartitionCountChangedAndBackLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = pub.Close()
-	t.Cleanup(func() {
-		if env, err := stream.NewEnvironment(stream.NewEnvironmentOptions().SetUri(sc3.URL)); err == nil {
-			_ = env.DeleteStream(sc3.PartitionName(2))
-			env.Close()
-		}
-	})
+	testenv.DeleteStreamsAtCleanup(t, sc3.URL, sc3.PartitionName(2))
 	args := relayArgs(t, db, b, append(leaderFlags(), "--relay-name", "r1", "--stream", sc2.Stream, "--mode", "binlog")...)
 	two := newRelayProc(t, append(args, "--stream-partitions", "2")...)
 	three := newRelayProc(t, append(args, "--stream-partitions", "3")...)
