@@ -53,7 +53,25 @@ type Execer interface {
 // delete (or mark) does nothing and a failed row already in outbox_failed is
 // not recorded twice. A failed Ack can therefore simply be retried, merged
 // with what came after it.
+//
+// Its transactions run on a connection of the store's own that holds a poll
+// lock of the relay name (ackSession says why); one Ack runs at a time.
 func (s *Store) Ack(ctx context.Context, epoch int64, a Ack) error {
+	s.ackMu.Lock()
+	defer s.ackMu.Unlock()
+	return s.acks.ack(ctx, epoch, a)
+}
+
+// txBeginner is where an acknowledgement's transactions run: the pool, or
+// an AckSession's connection.
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// ack is Ack with its transactions on db; afterRows, when not nil, runs in
+// each transaction once its rows are acknowledged (tests stop a leader
+// there).
+func (s *Store) ack(ctx context.Context, db txBeginner, afterRows func(), epoch int64, a Ack) error {
 	var failedByID map[uint64][]ordering.Failure
 	if len(a.Failed) > 0 {
 		failedByID = make(map[uint64][]ordering.Failure, len(a.Failed))
@@ -76,7 +94,7 @@ func (s *Store) Ack(ctx context.Context, epoch int64, a Ack) error {
 			final = &a
 			failed = append(failed, leftFailed(failedByID)...) // not among IDs: record them anyway
 		}
-		if err := s.ackTx(ctx, epoch, chunk, chunkMids, failed, final); err != nil {
+		if err := s.ackTx(ctx, db, afterRows, epoch, chunk, chunkMids, failed, final); err != nil {
 			if done > 0 {
 				return fmt.Errorf("after %d of %d rows: %w", done, ordering.Count(a.IDs), err)
 			}
@@ -94,7 +112,7 @@ func (s *Store) Ack(ctx context.Context, epoch int64, a Ack) error {
 // a lock on the progress row that lasts only until the commit: shared for a
 // chunk of rows, exclusive when the row is written. A newer leader's epoch
 // bump therefore either waits for this commit or makes it fail.
-func (s *Store) ackTx(ctx context.Context, epoch int64, ids []ordering.Range, mids []outbox.MessageID, failed []ordering.Failure, final *Ack) (err error) {
+func (s *Store) ackTx(ctx context.Context, db txBeginner, afterRows func(), epoch int64, ids []ordering.Range, mids []outbox.MessageID, failed []ordering.Failure, final *Ack) (err error) {
 	if len(ids) == 0 && len(failed) == 0 && (final == nil || !final.HasPos && final.Mode == "") {
 		return nil
 	}
@@ -103,7 +121,7 @@ func (s *Store) ackTx(ctx context.Context, epoch int64, ids []ordering.Range, mi
 	}
 	// READ COMMITTED: no gap locks, so acknowledging never waits on a
 	// producer's uncommitted insert next to the acknowledged ids.
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return fmt.Errorf("acknowledge: begin: %w", err)
 	}
@@ -119,6 +137,9 @@ func (s *Store) ackTx(ctx context.Context, epoch int64, ids []ordering.Range, mi
 	}
 	if err := s.AckRows(ctx, tx, ids, mids, failed); err != nil {
 		return err
+	}
+	if afterRows != nil {
+		afterRows()
 	}
 	write := final != nil && (final.HasPos || final.Mode != "")
 	lock := "LOCK IN SHARE MODE"

@@ -1,16 +1,20 @@
 package checkpoint
 
 import (
+	"context"
 	"crypto/sha256"
+	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 )
 
 // PollLockSlots is how many poll locks a relay name has: PollLockName(name,
 // 0) to PollLockName(name, PollLockSlots-1). A database connection of the
 // relay that holds row locks while it waits on something outside the
-// database (a poll round publishing and waiting for the broker's confirms)
-// holds one of them for as long as it lives, so that a new leader can find it
+// database (a poll round publishing and waiting for the broker's confirms,
+// the binlog relay's acknowledgement) holds one of them for as long as it lives, so that a new leader can find it
 // and end it (leadership.Elector, takeover). Twice the most poll workers one
 // call may run (64), so a Run and a Drain at once, the due-time sweeper and
 // the locks of a stopped process not yet ended all find one free.
@@ -38,4 +42,32 @@ func PollLockName(relayName string, slot int) string {
 	}
 	sum := sha256.Sum256([]byte(relayName))
 	return pollLockPrefix + "#" + strconv.Itoa(slot) + "#" + hex.EncodeToString(sum[:16])
+}
+
+// TakePollLock takes a free poll lock of relayName on conn, trying the slots
+// from start on (modulo PollLockSlots) without waiting, and returns the
+// slot it took, or -1 when every slot is held by another connection. The
+// lock lasts as long as conn: close conn with DiscardConn, never back into
+// the pool.
+func TakePollLock(ctx context.Context, conn *sql.Conn, relayName string, start int) (int, error) {
+	for i := range PollLockSlots {
+		slot := (start + i) % PollLockSlots
+		name := PollLockName(relayName, slot)
+		var got sql.NullInt64
+		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got); err != nil {
+			return -1, fmt.Errorf("take poll lock %q: %w", name, err)
+		}
+		if got.Valid && got.Int64 == 1 {
+			return slot, nil
+		}
+	}
+	return -1, nil
+}
+
+// DiscardConn closes conn for good rather than returning it to the pool,
+// where its user locks (and a broken or killed session) would pass to the
+// pool's next user.
+func DiscardConn(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -178,6 +179,9 @@ var ErrFenced = errors.New("leadership lost: the progress row belongs to a newer
 type Store struct {
 	db  *sql.DB
 	cfg Config
+
+	ackMu sync.Mutex // serializes Ack, which owns acks
+	acks  ackSession
 }
 
 // New returns a store over db, which must reach the database holding the
@@ -187,7 +191,9 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("checkpoint config: %w", err)
 	}
-	return &Store{db: db, cfg: cfg}, nil
+	st := &Store{db: db, cfg: cfg}
+	st.acks.s = st
+	return st, nil
 }
 
 // Config returns the validated configuration.

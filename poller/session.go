@@ -3,7 +3,6 @@ package poller
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"fmt"
 	"time"
 
@@ -52,19 +51,16 @@ func (w *worker) session(ctx context.Context) (*sql.Conn, error) {
 	if start < 0 {
 		start = maxWorkers
 	}
-	for i := range checkpoint.PollLockSlots {
-		name := checkpoint.PollLockName(p.relayName, (start+i)%checkpoint.PollLockSlots)
-		var got sql.NullInt64
-		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got); err != nil {
-			discard(conn)
-			return nil, fmt.Errorf("poll worker %s: take poll lock %q: %w", w.name(), name, err)
-		}
-		if got.Valid && got.Int64 == 1 {
-			w.conn, w.used = conn, time.Now()
-			return conn, nil
-		}
+	slot, err := checkpoint.TakePollLock(ctx, conn, p.relayName, start)
+	if err != nil {
+		checkpoint.DiscardConn(conn)
+		return nil, fmt.Errorf("poll worker %s: %w", w.name(), err)
 	}
-	discard(conn)
+	if slot >= 0 {
+		w.conn, w.used = conn, time.Now()
+		return conn, nil
+	}
+	checkpoint.DiscardConn(conn)
 	return nil, fmt.Errorf("poll worker %s: all %d poll locks of relay %q (%s…) are held by other connections: "+
 		"more poll workers of this relay name run at once than there are locks, or a stopped relay process still holds "+
 		"them; the next takeover ends a stopped process's connections (or end them with KILL CONNECTION of IS_USED_LOCK(name))",
@@ -76,16 +72,9 @@ func (w *worker) session(ctx context.Context) (*sql.Conn, error) {
 // may be broken, or was ended by a newer leader).
 func (w *worker) endSession() {
 	if w.conn != nil {
-		discard(w.conn)
+		checkpoint.DiscardConn(w.conn)
 		w.conn = nil
 	}
-}
-
-// discard closes conn for good rather than returning it to the pool, where
-// it would keep its poll lock.
-func discard(conn *sql.Conn) {
-	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-	_ = conn.Close()
 }
 
 // name is how errors name the worker: its number, or "delayed" for the

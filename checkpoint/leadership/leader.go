@@ -126,7 +126,7 @@ func (s *Elector) Led(ctx context.Context) bool {
 // heartbeat is older than LeaderLease is taken over: its lock connection is
 // killed (the relay's user may kill its own connections) and the lock taken.
 // Whenever the previous leader did not release leadership, the connections
-// of its poll workers are killed too, before the epoch bump and again after
+// of its poll workers and acknowledgements are killed too, before the epoch bump and again after
 // waiting out its lease (endPollers): their rounds roll back and free the
 // partition heads they held. On success the epoch in the
 // progress row is one more than any earlier leader's, a heartbeat runs until

@@ -12,20 +12,25 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 )
 
-// endPollers ends the connections of the relay name's poll workers that
-// still live when this leader takes over from one that did not release
-// leadership: a stopped (or hung, or cut off) process keeps its connections,
-// and a poll round's transaction on one of them keeps its partitions' heads
-// locked, so this leader's FOR UPDATE SKIP LOCKED would skip those
-// partitions for as long as that process stays stopped (wait_timeout,
-// hours). Each such connection holds a poll lock (checkpoint.PollLockName,
-// taken by package poller): IS_USED_LOCK names it, which needs no privilege
+// endPollers ends the connections of the relay name's poll workers and
+// acknowledgements that still live when this leader takes over from one that
+// did not release leadership: a stopped (or hung, or cut off) process keeps
+// its connections, and a poll round's transaction on one of them keeps its
+// partitions' heads locked, so this leader's FOR UPDATE SKIP LOCKED would
+// skip those partitions for as long as that process stays stopped
+// (wait_timeout, hours); an acknowledgement stopped before its commit keeps
+// the rows it deleted locked, and this leader's acknowledgement of the same
+// rows would wait on them as long. Each such connection holds a poll lock
+// (checkpoint.PollLockName, taken by package poller and by
+// checkpoint.Store.Ack): IS_USED_LOCK names it, which needs no privilege
 // and finds only connections of this relay name's workers, never an
 // application's. It is ended with KILL CONNECTION, which the relay's user
 // may do to its own connections (another user's needs CONNECTION ADMIN or
 // SUPER). Their transactions roll back: rows they claimed are pending again
 // and are published again (at least once); none was acknowledged. No poll
-// worker of this process runs during Acquire, so every holder is stale.
+// worker of this process runs during Acquire, so every holder is stale (the
+// acknowledging connection of this process's earlier term included: its
+// next acknowledgement opens another).
 //
 // A failure is logged, not returned: leading with some partitions held
 // (until the stale process wakes, or the server drops its connections)
@@ -53,7 +58,7 @@ func (l *Leader) endPollers(ctx context.Context) {
 		}
 	}
 	if len(ended) > 0 {
-		s.cfg.Logger.Warn(fmt.Sprintf("ended %d poll connections of the previous leader: their rounds roll back, "+
+		s.cfg.Logger.Warn(fmt.Sprintf("ended %d poll connections of the previous leader: their rounds and acknowledgements roll back, "+
 			"their rows are pending again and will be published again", len(ended)),
 			zap.String("relay", s.cfg.RelayName), zap.Int64s("connections", ended))
 	}
