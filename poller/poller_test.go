@@ -177,12 +177,12 @@ func TestEmptyPartitionKeyRowsSpreadOverWorkers(t *testing.T) {
 	}
 }
 
-// Drain empties a 10,000-row backlog and says so.
+// Drain empties a 5,000-row backlog and says so.
 func TestDrainEmptiesTheTable(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
 	ctx := testenv.WorkContext(t)
-	produce(ctx, t, e, v, load{producers: 4, partitions: 300, total: 10_000, bigTxn: 1000, bigShare: 0.9})
+	produce(ctx, t, e, v, load{producers: 4, partitions: 300, total: 5_000, bigTxn: 1000, bigShare: 0.9})
 
 	n, err := e.poller(t, nil).Drain(ctx)
 	if err != nil {
@@ -197,8 +197,8 @@ func TestDrainEmptiesTheTable(t *testing.T) {
 		t.Log(status)
 		t.Fatalf("Drain: %v", err)
 	}
-	if n != 10_000 {
-		t.Fatalf("Drain delivered %d, want 10000", n)
+	if n != 5_000 {
+		t.Fatalf("Drain delivered %d, want 5000", n)
 	}
 	if left := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox"); left != 0 {
 		t.Fatalf("%d rows left", left)
@@ -379,7 +379,7 @@ func TestUndeliverableRowsGoToFailed(t *testing.T) {
 	}
 }
 
-// DrainUntil, with stop closed once 1,000 of 10,000 pending messages have
+// DrainUntil, with stop closed once 1,000 of 5,000 pending messages have
 // arrived, ends between rounds with ErrStopped: the rounds under way commit,
 // so every message that arrived has its row acknowledged. A second drain
 // delivers the rest: each message exactly once, in order per partition.
@@ -387,7 +387,7 @@ func TestDrainUntilStopsBetweenRounds(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
 	ctx := testenv.WorkContext(t)
-	produce(ctx, t, e, v, load{producers: 4, partitions: 200, total: 10_000, bigTxn: 500, bigShare: 0.5})
+	produce(ctx, t, e, v, load{producers: 4, partitions: 200, total: 5_000, bigTxn: 500, bigShare: 0.5})
 
 	stop := make(chan struct{})
 	type result struct {
@@ -402,13 +402,13 @@ func TestDrainUntilStopsBetweenRounds(t *testing.T) {
 	waitDelivered(ctx, t, v, 1_000)
 	close(stop)
 	r := <-done
-	if !errors.Is(r.err, poller.ErrStopped) || r.n >= 10_000 {
-		t.Fatalf("DrainUntil after stop: %d rows, %v; want fewer than 10000 and ErrStopped", r.n, r.err)
+	if !errors.Is(r.err, poller.ErrStopped) || r.n >= 5_000 {
+		t.Fatalf("DrainUntil after stop: %d rows, %v; want fewer than 5000 and ErrStopped", r.n, r.err)
 	}
 	// Nothing publishes now: what arrived was acknowledged.
 	left := count(ctx, t, e.pool, "SELECT COUNT(*) FROM outbox")
 	waitFor(ctx, t, func() bool { return v.Missing() <= left })
-	if left != v.Missing() || left != 10_000-r.n {
+	if left != v.Missing() || left != 5_000-r.n {
 		t.Fatalf("stopped after %d rows: %d rows left, %d messages not delivered", r.n, left, v.Missing())
 	}
 
@@ -430,7 +430,7 @@ func TestDrainCutByContextCountsRepeats(t *testing.T) {
 	e := setup(t, checkpoint.Delete)
 	v := consume(t, e.broker)
 	ctx := testenv.WorkContext(t)
-	produce(ctx, t, e, v, load{producers: 4, partitions: 200, total: 10_000, bigTxn: 500, bigShare: 0.5})
+	produce(ctx, t, e, v, load{producers: 4, partitions: 200, total: 5_000, bigTxn: 500, bigShare: 0.5})
 
 	drainCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

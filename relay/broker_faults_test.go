@@ -95,7 +95,7 @@ func TestRelaySurvivesBrokerRestart(t *testing.T) {
 	// TestIdleRelayStatements (its own server): the only parallel test
 	// under the default relay name on the shared server.
 	t.Parallel()
-	const backlog, duringOutage = 8_000, 1_000
+	const backlog, duringOutage = 5_000, 1_000
 	node := testenv.StartRabbitMQ(t)
 	b := node.Broker(t)
 	db := testenv.MySQL(t)

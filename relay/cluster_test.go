@@ -16,13 +16,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
-// clusterTotal and clusterKeys are each fault's load: 5,000 messages (at least)
-// over 200 partition keys from concurrent producers.
-const clusterTotal, clusterKeys = 5_000, 200
+// clusterTotal and clusterKeys are each fault's load: 4,000 messages (at least)
+// over 200 partition keys from concurrent producers. The fault comes after
+// 1,000 are confirmed.
+const clusterTotal, clusterKeys = 4_000, 200
 
 // The relay publishes into a quorum queue (and a classic queue bound to the
 // same exchange) on a three-node RabbitMQ cluster, given every node's URL,
-// while 20,000 messages over 200 keys are written, and a fault hits the
+// while clusterTotal messages (or more) over 200 keys are written, and a fault hits the
 // cluster mid-stream. After each, both queues hold every message, first
 // deliveries in commit order per key, duplicated messages no more than those
 // unconfirmed at the fault (a confirm window per lane and per fault), and
@@ -137,7 +138,9 @@ func TestRelayOnCluster(t *testing.T) {
 		// The producers write until the last node is back: however long
 		// a restart takes, each one happens under load.
 		restarted := make(chan struct{})
-		load := r.produceUntil(ctx, 200*time.Millisecond, restarted)
+		// At this pace (about 50 messages a second) a restart of a minute
+		// costs 3,000 messages.
+		load := r.produceUntil(ctx, 500*time.Millisecond, restarted)
 		r.waitPublished(ctx, 300)
 		for i := range testenv.ClusterSize {
 			began, before := time.Now(), r.published(t)

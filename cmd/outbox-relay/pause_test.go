@@ -237,12 +237,12 @@ func TestCLIPauseWithoutLeader(t *testing.T) {
 // A pause and a SIGTERM while a fresh relay delivers the rows pending at its
 // first start (the sweep before it tails the binlog) each let the poll rounds
 // under way finish: what they published is acknowledged, so neither repeats
-// anything. 15,000 rows pending; pause once 2,000 have arrived; resume;
-// SIGTERM after 5,000 more; start again: every message exactly once, in
+// anything. 10,000 rows pending; pause once 2,000 have arrived; resume;
+// SIGTERM after 3,000 more; start again: every message exactly once, in
 // order per partition key.
 func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
 	heavy(t) // a server of its own (privateDB)
-	const total = 15_000
+	const total = 10_000
 	ctx := testenv.WorkContext(t)
 	db := privateDB(t)
 	b := testenv.RabbitMQ(t)
@@ -273,7 +273,7 @@ func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
 	if r := ops(t, db, "resume", "--leader-lease", testLease.String()); r.code != 0 {
 		t.Fatalf("resume: %+v", r)
 	}
-	waitUnique(ctx, t, v, p, at+5_000)
+	waitUnique(ctx, t, v, p, at+3_000)
 	if code, _ := p.terminate(time.Minute); code != 0 {
 		t.Fatalf("SIGTERM: exit code %d", code)
 	}
@@ -298,7 +298,7 @@ func TestCLIPauseAndStopDuringFirstStartSweep(t *testing.T) {
 // with how many messages will be published again: after a restart every
 // message has arrived, in order per partition key, and fewer messages than
 // it said arrived twice. Cut are the poll rounds of the first start's sweep,
-// and a 20,000-row transaction being read in binlog mode.
+// and a 10,000-row transaction being read in binlog mode.
 func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
 	heavy(t) // servers of their own (privateDB); the cases one after the other
 	for _, tc := range []struct {
@@ -310,8 +310,9 @@ func TestCLIStopTimeoutLogsRepeats(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Enough rows that the stop, once 1,000 have arrived, cuts the
-			// work under way: 10,000 in one transaction; 6,000 pending (the
-			// sweep's rounds are 500 rows).
+			// work under way: 10,000 in one transaction (6,000 were read
+			// whole before the stop); 6,000 pending (the sweep's rounds
+			// are 500 rows).
 			total := 10_000
 			if tc.pending {
 				total = 6_000

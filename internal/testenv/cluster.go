@@ -33,8 +33,8 @@ const ctlPollInterval = 2 * time.Second
 
 // RabbitCluster is a private cluster of ClusterSize RabbitMQ nodes on this
 // machine: private nodes (see RabbitNode) with a shared Erlang cookie,
-// joined with rabbitmqctl join_cluster. Quorum queues declared on it have a
-// member on every node.
+// joined to the first node by peer discovery as they first boot. Quorum
+// queues declared on it have a member on every node.
 //
 // Starting one takes tens of seconds, so a test binary has one
 // (SharedRabbitCluster), used by its tests one after the other: a test that
@@ -81,8 +81,10 @@ func SharedRabbitCluster(t testing.TB) *RabbitCluster {
 	return c
 }
 
-// newRabbitCluster starts the nodes at once, then joins the second and the
-// following ones to the first.
+// newRabbitCluster starts the first node, then the others at once, each
+// joining the first as it boots (peer discovery from its configuration): no
+// node starts its application twice, and no rabbitmqctl runs. Started all
+// at once, two fresh nodes could each form a cluster of their own.
 func newRabbitCluster() (_ *RabbitCluster, err error) {
 	cookie := fmt.Sprintf("OUTBOXCLUSTER%016X", rand.Uint64())
 	c := &RabbitCluster{nodes: make([]*RabbitNode, ClusterSize)}
@@ -91,31 +93,24 @@ func newRabbitCluster() (_ *RabbitCluster, err error) {
 			_ = c.destroy()
 		}
 	}()
+	if c.nodes[0], err = newRabbitNode(rabbitOptions{cookie: cookie}); err != nil {
+		return c, err
+	}
+	first := c.nodes[0].name
 	errs := make([]error, ClusterSize)
 	var wg sync.WaitGroup
-	for i := range c.nodes {
+	for i := 1; i < ClusterSize; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.nodes[i], errs[i] = newRabbitNode(rabbitOptions{cookie: cookie})
+			c.nodes[i], errs[i] = newRabbitNode(rabbitOptions{cookie: cookie, peers: []string{first}})
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("join node %d to %s: %w", i, first, errs[i])
+			}
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return c, err
-	}
-	first := c.nodes[0]
-	for _, n := range c.nodes[1:] {
-		for _, args := range [][]string{{"stop_app"}, {"join_cluster", first.name}, {"start_app"}} {
-			if _, err := n.runCtl(n.ctl, args...); err != nil {
-				return c, fmt.Errorf("join node %s to %s: %w", n.name, first.name, err)
-			}
-		}
-		if err := n.waitReady(nil); err != nil {
-			return c, err
-		}
-	}
-	return c, nil
+	return c, errors.Join(errs...)
 }
 
 // destroy kills every node and removes their directories.

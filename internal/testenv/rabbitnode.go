@@ -64,7 +64,8 @@ type RabbitNode struct {
 	tls      *rabbitTLS // nil: no TLS listener
 	// maxMessageSize is max_message_size in rabbitmq.conf; 0: not set.
 	maxMessageSize int
-	tlsPort        int // the TLS listener's port when tls is set
+	tlsPort        int      // the TLS listener's port when tls is set
+	peers          []string // rabbitOptions.peers
 
 	mu   sync.Mutex
 	proc *process // nil before the first start
@@ -79,6 +80,9 @@ type rabbitOptions struct {
 	// maxMessageSize is the node's max_message_size in bytes; 0 leaves
 	// RabbitMQ's default (128 MiB).
 	maxMessageSize int
+	// peers are the nodes (running) a fresh node joins as it first boots
+	// (peer discovery, classic_config); none: it forms a cluster of its own.
+	peers []string
 }
 
 // RabbitMaxMessageSize sets the node's max_message_size: the broker closes
@@ -161,6 +165,7 @@ func newRabbitNode(o rabbitOptions) (_ *RabbitNode, err error) {
 		tls:    o.tls,
 
 		maxMessageSize: o.maxMessageSize,
+		peers:          o.peers,
 	}
 	n.nodeLog = filepath.Join(dir, "log", n.name+".log")
 	defer func() {
@@ -246,6 +251,14 @@ func (n *RabbitNode) pickPorts() error {
 	conf := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nlog.console = false\nlog.file.level = info\n", n.port)
 	if n.maxMessageSize > 0 {
 		conf += fmt.Sprintf("max_message_size = %d\n", n.maxMessageSize)
+	}
+	if len(n.peers) > 0 {
+		// Read at the first boot only (an empty data directory): a restart
+		// finds its cluster in its own data.
+		conf += "cluster_formation.peer_discovery_backend = classic_config\n"
+		for i, p := range n.peers {
+			conf += fmt.Sprintf("cluster_formation.classic_config.nodes.%d = %s\n", i+1, p)
+		}
 	}
 	if n.tls != nil {
 		n.tlsPort = ports[2]
