@@ -61,13 +61,25 @@ type Publisher struct {
 // topology step, tests): DialTerm without a record of issued ids, epoch 0.
 func Dial(cfg Config) (*Publisher, error) { return DialTerm(cfg, nil, 0) }
 
-// DialTerm connects to cfg.URL for a leader term of epoch: fresh ids
-// (Router, StartFresh) start above FreshAfter, and every id sent is noted
-// in issued. The broker's advertised host is replaced by the URL's own (a
-// single node, or a load balancer in front of the cluster): the stream
-// protocol would otherwise connect producers to the node name the broker
-// advertises, which need not resolve from here.
+// DialTerm connects to cfg.URL (Environment) for a leader term of epoch:
+// fresh ids (Router, StartFresh) start above FreshAfter, and every id sent
+// is noted in issued.
 func DialTerm(cfg Config, issued *Issued, epoch int64) (*Publisher, error) {
+	env, err := Environment(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return newPublisher(cfg, env, env, issued, epoch), nil
+}
+
+// Environment is the client's connection to cfg.URL as the relay dials it:
+// with PasswordFile's password, the TLS of a rabbitmq-stream+tls:// URL, and
+// the URL's own host in place of the one the broker advertises (a single
+// node, or a load balancer in front of the cluster: the stream protocol
+// would otherwise connect producers to the node name the broker advertises,
+// which need not resolve from here). The caller closes it. Code that
+// reads or writes the streams beside the relay (bench) dials with it.
+func Environment(cfg Config) (*stream.Environment, error) {
 	uri, err := cfg.dialURL()
 	if err != nil {
 		return nil, err
@@ -97,7 +109,7 @@ func DialTerm(cfg Config, issued *Issued, epoch int64) (*Publisher, error) {
 		return nil, fmt.Errorf("connect to the stream protocol at %s (is the rabbitmq_stream plugin enabled? rabbitmq-plugins enable rabbitmq_stream): %w",
 			redact.URL(cfg.URL), scrubbed(err, uri))
 	}
-	return newPublisher(cfg, env, env, issued, epoch), nil
+	return env, nil
 }
 
 // scrubbed is err with the password of uri masked (the client's messages

@@ -40,6 +40,19 @@ waits for the full key's message in it). Each
 figure is the median of --runs runs with min and max. 'make bench' starts a
 private binlog-enabled MariaDB for it.
 
+With --stream-partitions N, bench measures the stream destination instead
+(run's --stream NAME --stream-partitions N): each phase into N partition
+streams of its own, declared by bench on --amqp-url's broker at the stream
+port (as run derives --stream-url; the rabbitmq_stream plugin must be on) and
+deleted when the phase ends, read from their first offset by bench's stream
+consumer. It prints commit → receive latency (beside a bare stream
+producer's publish → receive latency at the same rate into the same streams)
+and catch-up msg/s of the --backlog until the consumer received every
+message, beside the bare stream producer's (rabbitmq-stream-go-client alone:
+one producer per partition stream, the same message shape and partition keys,
+the same --confirm-window per partition) and their ratio; no idle figures
+and no shapes.
+
 With --soak DURATION, bench runs the soak instead: for each of --modes, one
 after the other, a relay with the default flags (and --relay-flags) relays a
 steady stream of one-row transactions (--soak-rate a second, 0 as fast as the
@@ -72,6 +85,8 @@ func setupBench(fs *flag.FlagSet) runFunc {
 		"comma-separated catch-up shapes to measure, each beside the bare publisher at window 1000 and at window = keys (empty: none); a name with \"+full\" adds a key whose queue is kept full")
 	fs.IntVar(&cfg.ShapeBacklog, "shape-backlog", 50_000, "messages in each shape's backlog (the hot key: a fifth)")
 	fs.BoolVar(&cfg.ShapesOnly, "shapes-only", false, "measure the shapes alone: no latency, idle or --backlog catch-up")
+	fs.IntVar(&cfg.StreamPartitions, "stream-partitions", 0,
+		"measure the stream destination into this many partition streams (declared and deleted by bench) beside a bare stream producer, instead of the AMQP exchange; 0: the AMQP destination")
 	fs.StringVar(&cfg.BaselineBinary, "baseline-binary", "", "another outbox-relay build whose catch-up of each shape is measured beside this one's, in the same run")
 	var relayFlags string
 	fs.StringVar(&relayFlags, "relay-flags", "", "more flags for every relay bench runs, space-separated (e.g. \"--on-delivered=mark\"); the baseline binary's too")
@@ -95,7 +110,8 @@ func setupBench(fs *flag.FlagSet) runFunc {
 		cfg.MySQLDSN, cfg.MySQL = my.dsn, my.options()
 		cfg.Modes = strings.Split(modes, ",")
 		cfg.RelayFlags = strings.Fields(relayFlags)
-		if shapes != "" {
+		if shapes != "" && (cfg.StreamPartitions == 0 || isSet(fs, "shapes")) {
+			// The default shapes are the AMQP destination's.
 			cfg.Shapes = strings.Split(shapes, ",")
 		}
 		cfg.Progress = inv.stderr

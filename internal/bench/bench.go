@@ -17,11 +17,13 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
 
 	"github.com/outbox-relay/outbox-relay/internal/mysqlconn"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publish"
+	"github.com/outbox-relay/outbox-relay/streams"
 )
 
 // Config says what to measure and where.
@@ -52,6 +54,12 @@ type Config struct {
 	// catch-up of each shape is measured right after RelayBinary's, in the
 	// same run (its mode is named "<mode> baseline").
 	BaselineBinary string
+	// StreamPartitions, when above 0, measures the stream destination
+	// instead of the AMQP exchange (runStreams): that many partition
+	// streams per phase, declared by bench on the first AMQP URL's broker
+	// at the stream port (as the relay derives its --stream-url) and
+	// deleted when the phase ends, beside the bare stream producer.
+	StreamPartitions int
 	// RelayFlags are more flags for every relay run (each after the
 	// flags bench sets, so they may override them).
 	RelayFlags []string
@@ -111,6 +119,17 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("bench: %w", err)
 		}
 	}
+	if c.StreamPartitions < 0 || c.StreamPartitions > streams.MaxPartitions {
+		return fmt.Errorf("bench: stream partitions %d: between 0 (the AMQP destination) and %d", c.StreamPartitions, streams.MaxPartitions)
+	}
+	if c.StreamPartitions > 0 {
+		if len(c.Shapes) > 0 || c.ShapesOnly || c.BaselineBinary != "" {
+			return errors.New("bench: the catch-up shapes and the baseline binary are measured into the AMQP destination only, not with stream partitions")
+		}
+		if c.ConfirmWindow > streams.MaxWindow {
+			return fmt.Errorf("bench: confirm window %d: at most %d for the stream destination", c.ConfirmWindow, streams.MaxWindow)
+		}
+	}
 	if c.ShapesOnly && len(c.Shapes) == 0 {
 		return errors.New("bench: shapes only, but no shapes to measure")
 	}
@@ -163,6 +182,9 @@ type Result struct {
 	BareLiveMsgsPerS Stat                  `json:"bare_publisher_live_consumer_msgs_per_s"`
 	Modes            map[string]ModeResult `json:"modes"`
 	Shapes           []ShapeResult         `json:"shapes,omitempty"`
+	// Stream is the stream destination's bench (Config.StreamPartitions);
+	// Modes and the bare publisher's figures are then empty.
+	Stream *StreamResult `json:"stream,omitempty"`
 }
 
 // relayName is the bench relay's --relay-name, in the bench's own database.
@@ -176,6 +198,13 @@ type bencher struct {
 	full     *fullQueue // the queue "+full" shapes keep full; nil when none is measured
 	logs     *bytes.Buffer
 	lastDraw time.Time
+
+	// The stream destination (Config.StreamPartitions): the partitions'
+	// connection settings, the connection that declares and deletes each
+	// phase's streams, and the number of the last phase's streams.
+	streamCfg streams.Config
+	streamEnv *stream.Environment
+	streamSeq int
 }
 
 // Run measures every mode cfg.Runs times.
@@ -200,6 +229,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for i, name := range cfg.Shapes {
 		shapes[i], _ = shapeNamed(name, cfg.ShapeBacklog)
 		shapeSamples[i] = map[string]map[string][]float64{}
+	}
+	if cfg.StreamPartitions > 0 {
+		if err := b.runStreams(ctx, res); err != nil {
+			return nil, err
+		}
+		return res, nil
 	}
 	meter := cpuMeter{dbPID: serverPID(ctx, db), brokerPID: brokerPID(cfg.AMQPURL)}
 	for run := 1; run <= cfg.Runs; run++ {
@@ -299,12 +334,24 @@ func open(ctx context.Context, cfg Config) (*bencher, error) {
 	if slices.ContainsFunc(cfg.Shapes, func(s string) bool { return strings.HasSuffix(s, fullSuffix) }) {
 		b.full = &fullQueue{exchange: name + ".full", queue: name + ".full", conn: cons.conn}
 	}
+	if cfg.StreamPartitions > 0 {
+		if b.streamCfg, err = cfg.streamBase(); err == nil {
+			b.streamEnv, err = openStreamAdmin(b.streamCfg)
+		}
+		if err != nil {
+			b.close()
+			return nil, fmt.Errorf("bench: the stream destination: %w", err)
+		}
+	}
 	return b, nil
 }
 
 // close deletes what open declared in the broker and closes the
 // connections.
 func (b *bencher) close() {
+	if b.streamEnv != nil {
+		_ = b.streamEnv.Close()
+	}
 	if b.full != nil {
 		b.full.close()
 	}
@@ -632,11 +679,13 @@ type relayProc struct {
 	done chan error
 }
 
-func (b *bencher) startRelay(ctx context.Context, mode string) (*relayProc, error) {
-	return b.startRelayBinary(ctx, b.cfg.RelayBinary, mode)
+// startRelay starts the relay under test in mode, with extra flags after
+// bench's own (and before cfg.RelayFlags).
+func (b *bencher) startRelay(ctx context.Context, mode string, extra ...string) (*relayProc, error) {
+	return b.startRelayBinary(ctx, b.cfg.RelayBinary, mode, extra...)
 }
 
-func (b *bencher) startRelayBinary(ctx context.Context, binary, mode string) (*relayProc, error) {
+func (b *bencher) startRelayBinary(ctx context.Context, binary, mode string, extra ...string) (*relayProc, error) {
 	args := []string{"run", "--mysql-dsn", b.cfg.MySQLDSN, "--amqp-url", b.cfg.AMQPURL,
 		"--relay-name", relayName, "--default-exchange", b.exchange, "--log-format", "console", "--metrics-addr", "127.0.0.1:0",
 		"--confirm-window", fmt.Sprint(b.cfg.ConfirmWindow), "--mode", mode}
@@ -650,6 +699,7 @@ func (b *bencher) startRelayBinary(ctx context.Context, binary, mode string) (*r
 			args = append(args, f[0], f[1])
 		}
 	}
+	args = append(args, extra...)
 	args = append(args, b.cfg.RelayFlags...)
 	cmd := exec.CommandContext(ctx, binary, args...)
 	b.logs.Reset()

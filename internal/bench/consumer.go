@@ -247,6 +247,14 @@ func (c *consumer) repeats() (int, error) {
 	return n, c.resume()
 }
 
+// repeatedSoFar is how many deliveries of the phase repeated a message so
+// far (a stream's consumer has no queue depth to add).
+func (c *consumer) repeatedSoFar() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.delivered - len(c.got)
+}
+
 func (c *consumer) latencies() []time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()

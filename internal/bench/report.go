@@ -15,7 +15,7 @@ func (r *Result) Table(w io.Writer) {
 		modes = append(modes, m)
 	}
 	slices.Sort(modes)
-	if len(modes) == 0 {
+	if len(modes) == 0 && r.Stream == nil {
 		fmt.Fprintf(w, "%s\n%d runs; payload %d bytes; confirm window %d\n", r.Machine, r.Runs, r.PayloadBytes, r.Window)
 	} else {
 		fmt.Fprintf(w, "%s\n%d runs; latency at %.0f msg/s for %.0fs; backlog %d × %d bytes; confirm window %d\n"+
@@ -26,6 +26,9 @@ func (r *Result) Table(w io.Writer) {
 	}
 	if len(modes) > 0 {
 		r.modeTable(w, modes)
+	}
+	if r.Stream != nil {
+		r.Stream.streamTable(w)
 	}
 	if len(r.Shapes) > 0 {
 		r.shapeTable(w)
