@@ -139,8 +139,9 @@ func TestRelayOnCluster(t *testing.T) {
 		// a restart takes, each one happens under load.
 		restarted := make(chan struct{})
 		// At this pace (about 50 messages a second) a restart of a minute
-		// costs 3,000 messages.
-		load := r.produceUntil(ctx, 500*time.Millisecond, restarted)
+		// costs 3,000 messages; the load is at least 1,000 (the other
+		// faults' clusterTotal would take 80 s at this pace).
+		load := r.produceUntil(ctx, 500*time.Millisecond, 1_000, restarted)
 		r.waitPublished(ctx, 300)
 		for i := range testenv.ClusterSize {
 			began, before := time.Now(), r.published(t)
@@ -210,17 +211,17 @@ func (r *clusterRun) brokerStatus(ctx context.Context) *operator.BrokerState {
 	return rows[0].Broker
 }
 
-// produce writes the load in the background; the channel gets its end.
-// With pace 0 it is written as fast as it goes, one transaction in five
-// of 100 rows; with a pace, one in fifty, each producer pausing pace after
-// each transaction.
+// produce writes clusterTotal messages in the background; the channel gets
+// its end. With pace 0 it is written as fast as it goes, one transaction in
+// five of 100 rows; with a pace, one in fifty, each producer pausing pace
+// after each transaction.
 func (r *clusterRun) produce(ctx context.Context, pace time.Duration) <-chan error {
-	return r.produceUntil(ctx, pace, nil)
+	return r.produceUntil(ctx, pace, clusterTotal, nil)
 }
 
-// produceUntil is produce going on past clusterTotal until until is closed
-// (nil: it is not waited for).
-func (r *clusterRun) produceUntil(ctx context.Context, pace time.Duration, until <-chan struct{}) <-chan error {
+// produceUntil is produce of total messages, going on past them until until
+// is closed (nil: it is not waited for).
+func (r *clusterRun) produceUntil(ctx context.Context, pace time.Duration, total int, until <-chan struct{}) <-chan error {
 	bigShare := 0.2
 	if pace > 0 {
 		bigShare = 0.02
@@ -228,7 +229,7 @@ func (r *clusterRun) produceUntil(ctx context.Context, pace time.Duration, until
 	done := make(chan error, 1)
 	go func() {
 		done <- testload.Run(ctx, r.db.SQL, r.v, testload.Load{
-			Producers: 8, Partitions: clusterKeys, Total: clusterTotal, BigTxn: 100, BigShare: bigShare,
+			Producers: 8, Partitions: clusterKeys, Total: total, BigTxn: 100, BigShare: bigShare,
 			Exchange: r.b.Exchange, Pace: pace, Until: until,
 		})
 	}()
