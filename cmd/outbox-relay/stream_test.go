@@ -26,6 +26,13 @@ func testStreams(t *testing.T, b *testenv.Broker, n int) streams.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return testStreamsAt(t, u, n)
+}
+
+// testStreamsAt is testStreams on the broker whose stream URL is u (a
+// private node's StreamURL).
+func testStreamsAt(t *testing.T, u string, n int) streams.Config {
+	t.Helper()
 	cfg := streams.Config{Stream: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano()), Partitions: n,
 		URL: u, Producer: "default", Window: 100}
 	pub, err := streams.Dial(cfg)
@@ -241,11 +248,123 @@ func TestRunStreamConnectionCutExactlyOnce(t *testing.T) {
 	}
 }
 
+// The relay publishes a paced load into 4 partition streams on a private
+// RabbitMQ node, and the node is restarted twice mid-publish: first a clean
+// stop and start, then a SIGKILL and start (a crash: no clean shutdown).
+// Each restart comes while rows are unacknowledged (the outbox is not
+// empty; the test fails as having proved nothing otherwise), so the broker
+// holds messages above the stored ids, which the next term publishes again.
+// The relay is not restarted: by design a lost stream connection ends the
+// term and the same process starts the next one from the stored position and
+// ids, dialing --stream-url until the node is back; it must keep running.
+// The streams then hold every message exactly once (0 duplicates), in
+// commit order per key.
+//
+// The validator reads the streams after the fact, from their first offsets
+// to an end marker (validator.ReadStreams): a live stream consumer ends with
+// the node and does not reconnect, so it could not count soundly across the
+// restarts. The relay's own progress (rows acknowledged) paces the
+// restarts.
+func TestRunStreamNodeRestartExactlyOnce(t *testing.T) {
+	const minTotal, parts, burst = 2000, 4, 100
+	t.Parallel() // a server and a node of its own; a paced load, mostly waits
+	ctx := testenv.WorkContext(t)
+	db := privateDB(t)
+	migrate(t, db.DSN)
+	node := testenv.StartRabbitMQ(t, testenv.RabbitStreams())
+	b := node.Broker(t)
+	sc := testStreamsAt(t, node.StreamURL(), parts)
+	v := validator.New()
+	relay := newRelayProc(t, relayArgs(t, db, b, append(leaderFlags(), "--mode", "binlog", "--stream", sc.Stream,
+		"--stream-partitions", fmt.Sprint(parts), "--stream-url", sc.URL)...)...)
+	relay.start()
+	relay.waitLog(ctx, "tailing the binlog")
+	began := time.Now()
+
+	// About 130 rows a second (4 producers, 150 ms apart, 2% of the
+	// transactions of 200 rows), at least minTotal and on until the relay
+	// has resumed after the second restart: rows keep arriving through both
+	// restarts, however slow the machine (a restart has taken 15 s beside
+	// other tests), and the workload stays a few thousand messages. The
+	// large transactions make bursts the relay takes a while to publish
+	// and acknowledge: the restarts aim at those.
+	until := make(chan struct{})
+	prodDone := make(chan error, 1)
+	go func() {
+		prodDone <- testload.Run(ctx, db.SQL, v, testload.Load{
+			Producers: 4, Partitions: 40, Total: minTotal, BigTxn: 200, BigShare: 0.02,
+			Exchange: b.Exchange, Pace: 150 * time.Millisecond, Until: until,
+		})
+	}()
+	restarts := []struct {
+		name string
+		down func(testing.TB)
+	}{{"stop", node.Stop}, {"kill", node.Kill}}
+	floor := 0 // rows acknowledged after the previous restart
+	for i, r := range restarts {
+		at := waitAcknowledged(ctx, t, db, v, relay, floor+500)
+		// The restart comes while a burst waits to be acknowledged: the
+		// broker has stored part of it, which the next term publishes again.
+		left := 0
+		err := progress.Wait(ctx, "wait for a burst in the outbox", func() int64 { return int64(v.ExpectedCount()) },
+			func() bool { left = outboxRows(ctx, t, db); return left >= burst || !relay.running() })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !relay.running() {
+			t.Fatalf("relay exited by itself (code %d)", relay.cmd.ProcessState.ExitCode())
+		}
+		mark := len(relay.output())
+		down := time.Now()
+		r.down(t)
+		node.Start(t)
+		back := time.Since(down)
+		// The relay resumes on the restarted node and goes on acknowledging.
+		floor = waitAcknowledged(ctx, t, db, v, relay, v.ExpectedCount()-outboxRows(ctx, t, db)+200)
+		t.Logf("restart %d (%s + start) at %d acknowledged rows, %d rows in the outbox; node back in %v, "+
+			"relay acknowledging again after %v; the terms since published %d messages again",
+			i+1, r.name, at, left, back.Round(time.Millisecond), time.Since(down).Round(time.Millisecond),
+			repeatsIn(relay.output()[mark:]))
+	}
+	close(until)
+	if err := <-prodDone; err != nil {
+		t.Fatal(err)
+	}
+	testload.WaitRows(ctx, t, db.SQL, "SELECT COUNT(*) FROM outbox", 0)
+	if !relay.running() {
+		t.Fatalf("the relay exited (code %d)", relay.cmd.ProcessState.ExitCode())
+	}
+	if code, took := relay.terminate(time.Minute); code != 0 {
+		t.Fatalf("SIGTERM at the end: exit code %d after %v", code, took)
+	}
+	names := make([]string, parts)
+	for i := range names {
+		names[i] = sc.PartitionName(i)
+	}
+	if err := validator.ReadStreams(ctx, sc.URL, names, v); err != nil {
+		t.Fatal(err)
+	}
+	repeats := repeats(relay)
+	t.Logf("%d messages through %d node restarts in %v: %d in the streams, %d duplicates; %d published again and dropped by the broker",
+		v.ExpectedCount(), len(restarts), time.Since(began).Round(time.Millisecond), v.Received(), v.Duplicates(), repeats)
+	if err := v.Check(validator.ExactlyOnce); err != nil {
+		t.Fatal(err)
+	}
+	// The restarts left tails on the broker that the relay published again:
+	// otherwise the test proved nothing about deduplication.
+	if repeats == 0 {
+		t.Error("no term published anything again: the restarts did not land while messages were unacknowledged")
+	}
+}
+
 // repeats sums what the relay's terms published again after resuming
 // (each start logs the count the broker holds above the stored ids).
-func repeats(p *relayProc) int {
+func repeats(p *relayProc) int { return repeatsIn(p.output()) }
+
+// repeatsIn is repeats over a part of the relay's output.
+func repeatsIn(out string) int {
 	n := 0
-	for _, m := range regexp.MustCompile(`"repeats": (\d+)`).FindAllStringSubmatch(p.output(), -1) {
+	for _, m := range regexp.MustCompile(`"repeats": (\d+)`).FindAllStringSubmatch(out, -1) {
 		k, _ := strconv.Atoi(m[1])
 		n += k
 	}
