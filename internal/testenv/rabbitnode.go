@@ -44,7 +44,7 @@ var rabbitScriptDirs = []string{
 // RabbitNode is a private RabbitMQ node owned by one test: its own node name,
 // AMQP port and distribution port on 127.0.0.1, its own data, log and
 // Erlang-cookie directory under a temporary directory, no plugins (but see
-// RabbitTLS). Unlike the
+// RabbitTLS and RabbitStreams). Unlike the
 // shared broker of RabbitMQ it may be stopped and started again, which is
 // what broker-outage tests need without breaking every other test.
 //
@@ -66,6 +66,10 @@ type RabbitNode struct {
 	maxMessageSize int
 	tlsPort        int      // the TLS listener's port when tls is set
 	peers          []string // rabbitOptions.peers
+	// streams: the rabbitmq_stream plugin is enabled, listening on
+	// streamPort.
+	streams    bool
+	streamPort int
 
 	mu   sync.Mutex
 	proc *process // nil before the first start
@@ -82,7 +86,17 @@ type rabbitOptions struct {
 	maxMessageSize int
 	// peers are the nodes (running) a fresh node joins as it first boots
 	// (peer discovery, classic_config); none: it forms a cluster of its own.
-	peers []string
+	peers   []string
+	streams bool // enable rabbitmq_stream (RabbitStreams)
+}
+
+// RabbitStreams enables the rabbitmq_stream plugin on the node, listening on
+// a free port of its own on 127.0.0.1 (see StreamURL) and advertising that
+// address, so that a stream client's connection to a stream's leader comes
+// back to it. Start (the first and every later one) waits until the stream
+// port accepts connections too.
+func RabbitStreams() RabbitOption {
+	return func(_ testing.TB, o *rabbitOptions) { o.streams = true }
 }
 
 // RabbitMaxMessageSize sets the node's max_message_size: the broker closes
@@ -166,6 +180,7 @@ func newRabbitNode(o rabbitOptions) (_ *RabbitNode, err error) {
 
 		maxMessageSize: o.maxMessageSize,
 		peers:          o.peers,
+		streams:        o.streams,
 	}
 	n.nodeLog = filepath.Join(dir, "log", n.name+".log")
 	defer func() {
@@ -184,12 +199,15 @@ func newRabbitNode(o rabbitOptions) (_ *RabbitNode, err error) {
 	if cookie == "" {
 		cookie = fmt.Sprintf("OUTBOXTEST%016X", rand.Uint64())
 	}
-	plugins := "[].\n"
+	var plugins []string
 	if n.tls != nil {
-		plugins = "[rabbitmq_auth_mechanism_ssl].\n"
+		plugins = append(plugins, "rabbitmq_auth_mechanism_ssl")
+	}
+	if n.streams {
+		plugins = append(plugins, "rabbitmq_stream")
 	}
 	files := map[string]string{
-		"enabled_plugins":                       plugins,
+		"enabled_plugins":                       "[" + strings.Join(plugins, ",") + "].\n",
 		"rabbitmq-env.conf":                     "", // instead of /etc/rabbitmq/rabbitmq-env.conf (its NODENAME)
 		filepath.Join("home", ".erlang.cookie"): cookie,
 	}
@@ -227,11 +245,11 @@ func findRabbitScript(name string) (string, error) {
 	return lookBinary(name)
 }
 
-// pickPorts chooses free ports for AMQP, distribution and TLS and writes
+// pickPorts chooses free ports for AMQP, distribution, TLS and streams and writes
 // the configuration file (which also keeps /etc/rabbitmq/rabbitmq.conf, with
 // the shared broker's listener, from being read).
 func (n *RabbitNode) pickPorts() error {
-	var ports [3]int
+	var ports [4]int
 	var lns []net.Listener
 	for i := range ports {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -259,6 +277,12 @@ func (n *RabbitNode) pickPorts() error {
 		for i, p := range n.peers {
 			conf += fmt.Sprintf("cluster_formation.classic_config.nodes.%d = %s\n", i+1, p)
 		}
+	}
+	if n.streams {
+		n.streamPort = ports[3]
+		conf += fmt.Sprintf("stream.listeners.tcp.1 = 127.0.0.1:%d\n", n.streamPort) +
+			"stream.advertised_host = 127.0.0.1\n" +
+			fmt.Sprintf("stream.advertised_port = %d\n", n.streamPort)
 	}
 	if n.tls != nil {
 		n.tlsPort = ports[2]
@@ -352,8 +376,9 @@ func (n *RabbitNode) start() error {
 	return nil
 }
 
-// waitReady polls until an AMQP connection as guest succeeds, the process
-// exits or rabbitReadyTimeout passes. p is nil for a node whose process is
+// waitReady polls until an AMQP connection as guest succeeds (and, with
+// RabbitStreams, the stream port accepts a TCP connection: the plugin starts
+// after the AMQP listener), the process exits or rabbitReadyTimeout passes. p is nil for a node whose process is
 // not watched here (after rabbitmqctl start_app).
 func (n *RabbitNode) waitReady(p *process) error {
 	var exited chan struct{}
@@ -367,7 +392,15 @@ func (n *RabbitNode) waitReady(p *process) error {
 		conn, err := dialAMQP(n.URL())
 		if err == nil {
 			conn.Close()
-			return nil
+			if !n.streams {
+				return nil
+			}
+			var sc net.Conn
+			if sc, err = net.DialTimeout("tcp", n.StreamAddr(), time.Second); err == nil {
+				sc.Close()
+				return nil
+			}
+			err = fmt.Errorf("stream port: %w", err)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("RabbitMQ node %s on %s accepted no AMQP connection within %v: %v\n%s",
@@ -478,6 +511,25 @@ func (n *RabbitNode) TLSAddr() string {
 		return ""
 	}
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.tlsPort))
+}
+
+// StreamURL returns the URL of the node's stream listener,
+// rabbitmq-stream://guest:guest@127.0.0.1:PORT/ (the vhost "/"), or "" when the node was
+// started without RabbitStreams. It stays the same across Stop and Start.
+func (n *RabbitNode) StreamURL() string {
+	if !n.streams {
+		return ""
+	}
+	return fmt.Sprintf("rabbitmq-stream://guest:guest@%s/", n.StreamAddr())
+}
+
+// StreamAddr returns the stream listener's host:port (e.g. as a Proxy
+// upstream), or "" without RabbitStreams.
+func (n *RabbitNode) StreamAddr() string {
+	if !n.streams {
+		return ""
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.streamPort))
 }
 
 // Name returns the Erlang node name (for rabbitmqctl -n; see Ctl).
