@@ -114,6 +114,9 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	p.tracker.Release(b.Bytes)
 	m := p.r.cfg.Metrics
 	m.MessagesFailed(len(ack.Failed))
+	if ack.StreamIDs != nil {
+		p.r.streamSent.trim(ack.StreamIDs.Server, ack.StreamIDs.IDs)
+	}
 	if ack.HasPos {
 		p.ackedPos = b.Pos.Position
 		p.r.failover.acked(b.Pos.Position)

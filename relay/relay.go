@@ -82,7 +82,10 @@ type Relay struct {
 	// first dump's included (checkDumpServer; 0: unchecked);
 	// streamDumpSaw is the other server_id a dump of an ended term
 	// carried, for the next term's decision (decideStreamIDs).
-	streamIssued   *streams.Issued
+	streamIssued *streams.Issued
+	// streamSent is the message each id this process gave was given to
+	// (streamcarry.go), for carrying the ids over to another server.
+	streamSent     sentIDs
 	serverIdentity func(ctx context.Context) (serverIdent, error)
 	streamServer   atomic.Value
 	streamDumpID   atomic.Uint32

@@ -91,12 +91,22 @@ func (p *pipeline) streamLane(rec *outbox.Record) int {
 	return streams.Partition(rec.PartitionKey, rec.MessageID.String(), p.r.cfg.Stream.Partitions)
 }
 
-// nextID gives the next message of partition i its publishing id (reader
-// goroutine only).
-func (p *pipeline) nextID(i int) uint64 {
-	p.ids[i]++
+// nextID gives the next message of partition i, mid, its publishing id
+// (reader goroutine only), and records it (sentIDs). A carry term checks
+// mid against the message this process gave the id on the old server: an
+// error means the id must not be given (the term ends).
+func (p *pipeline) nextID(i int, mid outbox.MessageID) (uint64, error) {
+	id := p.ids[i] + 1
+	if p.carry != nil {
+		var err error
+		if id, err = p.carry.next(i, p.ids[i], mid); err != nil {
+			return 0, err
+		}
+	}
+	p.ids[i] = id
 	p.idsDirty = true
-	return p.ids[i]
+	p.r.streamSent.add(i, id, mid)
+	return id, nil
 }
 
 // markAt is the tracker's position for a transaction ending at pos (reader
@@ -147,11 +157,28 @@ func (p *pipeline) decideStreamIDs(ctx context.Context, progress checkpoint.Prog
 	p.r.streamServer.Store(server)
 	p.r.streamDumpID.Store(dumpID)
 	st := progress.StreamIDs
-	p.streamCont = resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions &&
-		len(st.IDs) == cfg.Partitions && st.Server != "" && st.Server == server &&
+	p.streamCarry = false
+	ours := resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions &&
+		len(st.IDs) == cfg.Partitions && st.Server != "" &&
 		st.At == storedPosition(progress).String() // not moved by a binary that leaves stream_ids as they are
+	p.streamCont = ours && st.Server == server
 	if p.streamCont {
 		return nil
+	}
+	if ours && server != "" {
+		// Another server: carried on only where that is provably the
+		// continuation (streamcarry.go); the broker's ids and this
+		// process's record are checked in startIDs.
+		why, err := p.carryPrecheck(ctx, progress, st, srv)
+		if err != nil {
+			return err
+		}
+		if why == "" {
+			p.streamCont, p.streamCarry = true, true
+			return nil
+		}
+		p.r.log.Info("stream destination: the stored publishing ids were read on another server and are not carried over",
+			zap.String("stored_server", st.Server), zap.String("server", server), zap.String("because", why))
 	}
 	if st != nil {
 		p.r.log.Info("stream destination: the stored publishing ids do not continue this term; clearing them",
@@ -175,8 +202,35 @@ func (p *pipeline) startIDs(ctx context.Context, progress checkpoint.Progress) e
 	if err != nil {
 		return err
 	}
+	p.carry = nil
+	if p.streamCarry {
+		c, why := p.startCarry(progress.StreamIDs, broker)
+		if c == nil {
+			// Nothing of this term has published yet (a resuming
+			// term does not sweep): clear the ids before numbering
+			// freshly, as decideStreamIDs does.
+			p.r.log.Info("stream destination: the stored publishing ids were read on another server and are not carried over",
+				zap.String("stored_server", progress.StreamIDs.Server), zap.String("server", p.streamServer), zap.String("because", why))
+			p.streamCont, p.streamCarry = false, false
+			if err := p.store.ClearStreamIDs(ctx, p.epoch); err != nil {
+				return err
+			}
+		} else {
+			p.carry = c
+			p.logCarry(c, broker)
+		}
+	}
 	if p.streamCont {
 		p.ids = slices.Clone(progress.StreamIDs.IDs)
+		// The record of what each id was given goes on when it is of
+		// this server (a restart on it); a carry term's record starts
+		// at the stored ids, which it checks up to the issued ones.
+		if p.carry != nil || !p.r.streamSent.keep(p.streamServer, len(p.ids)) {
+			p.r.streamSent.reset(p.streamServer, p.ids)
+		}
+		if p.carry != nil {
+			return nil
+		}
 		// What the broker holds above the stored ids is the tail the last
 		// term published and did not acknowledge: this term publishes it
 		// again with the same ids, and the broker drops it.
@@ -195,6 +249,7 @@ func (p *pipeline) startIDs(ctx context.Context, progress checkpoint.Progress) e
 		ids[i] = streams.FreshAfter(b, p.r.streamIssued.Last(cfg.ProducerName(i)), p.epoch)
 	}
 	p.ids = ids
+	p.r.streamSent.reset(p.streamServer, p.ids)
 	p.r.log.Info("stream destination: numbering freshly above the broker's last ids and the epoch's base (at least once until the next stored position)",
 		zap.Uint64s("ids", p.ids), zap.Uint64s("broker_last", broker), zap.Int64("epoch", p.epoch))
 	return nil
@@ -371,6 +426,9 @@ func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublis
 type serverIdent struct {
 	Identity string
 	ID       uint32
+	// StrictGTID: the server runs gtid_strict_mode (MariaDB; false
+	// where there is none), read over the same connection.
+	StrictGTID bool
 }
 
 // serverIdentity is the identity of the server behind db, both read over
@@ -386,6 +444,12 @@ func serverIdentity(ctx context.Context, db *sql.DB) (serverIdent, error) {
 		return serverIdent{}, fmt.Errorf("read the database server's identity (@@server_id): %w", err)
 	}
 	srv := serverIdent{Identity: "server_id:" + strconv.FormatUint(id, 10), ID: uint32(id)}
+	var strict sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT @@gtid_strict_mode").Scan(&strict); err == nil {
+		srv.StrictGTID = strict.Int64 == 1
+	} else if ctx.Err() != nil {
+		return serverIdent{}, fmt.Errorf("read the database server's identity (@@gtid_strict_mode): %w", ctx.Err())
+	}
 	var uuid sql.NullString
 	if err := conn.QueryRowContext(ctx, "SELECT @@server_uuid").Scan(&uuid); err == nil && uuid.String != "" {
 		srv.Identity = "uuid:" + uuid.String

@@ -1,0 +1,254 @@
+package relay
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/position"
+	"github.com/outbox-relay/outbox-relay/streams"
+)
+
+// carryMID is the message id the carry tests give partition i's id.
+func carryMID(i int, id uint64) outbox.MessageID {
+	return outbox.MessageID{0: byte(i), 1: byte(id), 2: byte(id >> 8), 15: 0xc}
+}
+
+// A term on another server than the stored ids' carries them on (a
+// failover to a caught-up replica behind the same address, exactly once)
+// only when every condition of streamcarry.go holds; each one failing
+// alone gives fresh ids and clears the stored ones before anything
+// publishes.
+func TestUnitStreamCarryAcrossFailoverOnlyWhenSound(t *testing.T) {
+	const parts = 2
+	ctx := context.Background()
+	stored := []uint64{10, 20}
+	issued := []uint64{13, 20} // partition 0: 11-13 unacknowledged; partition 1: nothing above
+	type setup struct {
+		accept    bool
+		recorded  string // the server the process's record is of
+		gapAt     uint64 // partition 0's record starts over at this id (0: no gap)
+		published string // what this process published (MariaDB GTIDs)
+		position  position.Position
+		executed  string
+		strict    bool
+		broker    []uint64
+		resume    bool
+	}
+	good := func() setup {
+		return setup{recorded: "server_id:1", published: "0-1-120",
+			position: position.Position{Flavor: position.FlavorMariaDB, GTIDSet: "0-1-100"},
+			executed: "0-1-130,0-2-131", strict: true, broker: []uint64{13, 19}, resume: true}
+	}
+	cases := []struct {
+		name  string
+		mod   func(*setup)
+		carry bool
+	}{
+		{"every condition holds", func(*setup) {}, true},
+		{"the broker holds nothing above the stored ids", func(s *setup) { s.broker = []uint64{10, 20} }, true},
+		{"--accept-lost-gtids", func(s *setup) { s.accept = true }, false},
+		{"the process did not publish from the stored ids' server", func(s *setup) { s.recorded = "server_id:3" }, false},
+		{"the process's record does not cover the issued ids", func(s *setup) { s.gapAt = 12 }, false},
+		{"the server lacks a published transaction", func(s *setup) { s.executed = "0-1-110,0-2-111" }, false},
+		{"the process published nothing", func(s *setup) { s.published = "" }, false},
+		{"the stored position has two domains", func(s *setup) {
+			s.position.GTIDSet, s.published, s.executed = "0-1-100,1-1-5", "0-1-120,1-1-5", "0-1-130,1-1-5"
+		}, false},
+		{"the server has another domain", func(s *setup) { s.executed = "0-1-130,1-2-1" }, false},
+		{"the server does not run gtid_strict_mode", func(s *setup) { s.strict = false }, false},
+		{"MySQL", func(s *setup) {
+			s.position = position.Position{Flavor: position.FlavorMySQL, GTIDSet: "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-100"}
+		}, false},
+		{"the broker holds an id this process did not issue", func(s *setup) { s.broker = []uint64{14, 19} }, false},
+		{"not resuming from the stored position", func(s *setup) { s.resume = false }, false},
+	}
+	for _, c := range cases {
+		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
+			s := good()
+			c.mod(&s)
+			u := startUnitPipeline(t, func(cfg *Config) {
+				cfg.RelayName = "r"
+				cfg.Stream = streams.Config{Stream: "s", Partitions: parts, Producer: "r"}
+				cfg.AcceptLostGTIDs = s.accept
+			})
+			r := u.p.r
+			r.serverIdentity = func(context.Context) (serverIdent, error) {
+				return serverIdent{Identity: "server_id:2", ID: 2, StrictGTID: s.strict}, nil // the promoted replica
+			}
+			r.failover.server.(*fakeServer).executed = s.executed
+			if s.published != "" {
+				if err := r.failover.published.acked(position.Position{Flavor: position.FlavorMariaDB, GTIDSet: s.published}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// What this process issued on server 1 above the stored ids.
+			r.streamIssued = streams.NewIssued()
+			r.streamSent.reset(s.recorded, stored)
+			for i := range parts {
+				r.streamIssued.Note(r.cfg.Stream.ProducerName(i), issued[i])
+				for id := stored[i] + 1; id <= issued[i]; id++ {
+					if i == 0 && id == s.gapAt {
+						r.streamSent.add(i, id+1, carryMID(i, id+1))
+						break
+					}
+					r.streamSent.add(i, id, carryMID(i, id))
+				}
+			}
+			u.p.pub = fakeStreamPub{fakeBinlogPub: u.pub, last: s.broker}
+			u.store.mu.Lock()
+			u.store.progress.Position = s.position
+			u.store.progress.StreamIDs = &checkpoint.StreamIDs{Stream: "s", Partitions: parts, IDs: stored,
+				Server: "server_id:1", At: s.position.String()}
+			u.store.mu.Unlock()
+
+			progress, _ := u.store.Load(ctx)
+			if err := u.p.decideStreamIDs(ctx, progress, s.resume); err != nil {
+				t.Fatal(err)
+			}
+			if err := u.p.startIDs(ctx, progress); err != nil {
+				t.Fatal(err)
+			}
+			u.store.mu.Lock()
+			cleared := len(u.store.clears) > 0
+			u.store.mu.Unlock()
+			carried := u.p.carry != nil
+			if carried != c.carry || cleared == c.carry {
+				t.Fatalf("carried %v (ids %v), stored ids cleared %v: want carried %v", carried, u.p.ids, cleared, c.carry)
+			}
+			if !c.carry {
+				for i, id := range u.p.ids {
+					if id < streams.EpochBase(u.lease.Epoch())-1 || id < max(s.broker[i], issued[i]) {
+						t.Fatalf("fresh ids %v not above the broker's %v, the issued %v and the epoch's base", u.p.ids, s.broker, issued)
+					}
+				}
+				return
+			}
+			if !slices.Equal(u.p.ids, stored) {
+				t.Fatalf("carried ids %v, want the stored %v", u.p.ids, stored)
+			}
+			// The new server's binlog gives the unacknowledged ids to the
+			// same messages: they keep them; past the last issued id the
+			// partition goes on fresh.
+			base := streams.EpochBase(u.lease.Epoch())
+			for id := stored[0] + 1; id <= issued[0]; id++ {
+				got, err := u.p.nextID(0, carryMID(0, id))
+				if err != nil || got != id {
+					t.Fatalf("partition 0: id %d, %v; want %d", got, err, id)
+				}
+			}
+			if got, err := u.p.nextID(0, carryMID(0, 99)); err != nil || got != base {
+				t.Fatalf("partition 0 past the issued ids: id %d, %v; want the fresh %d", got, err, base)
+			}
+			if got, err := u.p.nextID(0, carryMID(0, 100)); err != nil || got != base+1 {
+				t.Fatalf("partition 0 after the jump: id %d, %v; want %d", got, err, base+1)
+			}
+			if got, err := u.p.nextID(1, carryMID(1, 77)); err != nil || got != base {
+				t.Fatalf("partition 1 (nothing issued above the stored ids): id %d, %v; want the fresh %d", got, err, base)
+			}
+			// What this term stores is marked with the new server.
+			if got := u.p.streamIDsAt(mark{ids: []uint64{1, 2}}); got == nil || got.Server != "server_id:2" {
+				t.Fatalf("ids stored as %+v, want them marked with the new server", got)
+			}
+		})
+	}
+}
+
+// A carry term whose new server gives an unacknowledged id to another
+// message than the old one did (a transaction missing there, or ordered
+// otherwise) refuses the id before the message reaches a lane, and the
+// next term numbers freshly (the record is the new server's now).
+func TestUnitStreamCarryEndsTheTermOnAnotherMessage(t *testing.T) {
+	ctx := context.Background()
+	u := startUnitPipeline(t, func(cfg *Config) {
+		cfg.RelayName = "r"
+		cfg.Stream = streams.Config{Stream: "s", Partitions: 1, Producer: "r"}
+	})
+	r := u.p.r
+	r.serverIdentity = func(context.Context) (serverIdent, error) {
+		return serverIdent{Identity: "server_id:2", ID: 2, StrictGTID: true}, nil
+	}
+	r.failover.server.(*fakeServer).executed = "0-1-130"
+	if err := r.failover.published.acked(position.Position{Flavor: position.FlavorMariaDB, GTIDSet: "0-1-120"}); err != nil {
+		t.Fatal(err)
+	}
+	r.streamIssued = streams.NewIssued()
+	r.streamIssued.Note("r-0", 8)
+	r.streamSent.reset("server_id:1", []uint64{5})
+	for id := uint64(6); id <= 8; id++ {
+		r.streamSent.add(0, id, carryMID(0, id))
+	}
+	u.p.pub = fakeStreamPub{fakeBinlogPub: u.pub, last: []uint64{8}}
+	pos := position.Position{Flavor: position.FlavorMariaDB, GTIDSet: "0-1-100"}
+	u.store.mu.Lock()
+	u.store.progress.Position = pos
+	u.store.progress.StreamIDs = &checkpoint.StreamIDs{Stream: "s", Partitions: 1, IDs: []uint64{5}, Server: "server_id:1", At: pos.String()}
+	u.store.mu.Unlock()
+	progress, _ := u.store.Load(ctx)
+	if err := u.p.decideStreamIDs(ctx, progress, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.p.startIDs(ctx, progress); err != nil {
+		t.Fatal(err)
+	}
+	if u.p.carry == nil {
+		t.Fatal("not carried")
+	}
+	if id, err := u.p.nextID(0, carryMID(0, 6)); err != nil || id != 6 {
+		t.Fatalf("id %d, %v; want 6", id, err)
+	}
+	if _, err := u.p.nextID(0, carryMID(0, 8)); err == nil { // 7 is missing on the new server
+		t.Fatal("id 7 given to another message than the old server's")
+	}
+	// The next term on the new server, from the same stored ids: fresh.
+	if err := u.p.decideStreamIDs(ctx, progress, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.p.startIDs(ctx, progress); err != nil {
+		t.Fatal(err)
+	}
+	if u.p.carry != nil || u.p.ids[0] < streams.EpochBase(u.lease.Epoch())-1 {
+		t.Fatalf("the next term carries the ids again (ids %v)", u.p.ids)
+	}
+}
+
+// The record follows what the reader gives and what is stored: trimmed at
+// the stored ids, kept across a restart on its server (checking each id
+// given again), started over at a gap or at an id given to another message.
+func TestUnitStreamSentIDsRecord(t *testing.T) {
+	var s sentIDs
+	s.reset("A", []uint64{0})
+	for id := uint64(1); id <= 3000; id++ {
+		s.add(0, id, carryMID(0, id))
+	}
+	s.trim("A", []uint64{2000})
+	if _, ok := s.span("A", []uint64{1999}, []uint64{3000}); ok {
+		t.Fatal("span covers trimmed ids")
+	}
+	mids, ok := s.span("A", []uint64{2000}, []uint64{3000})
+	if !ok || len(mids[0]) != 1000 || mids[0][0] != carryMID(0, 2001) || mids[0][999] != carryMID(0, 3000) {
+		t.Fatalf("span after trim: ok %v, %d ids", ok, len(mids[0]))
+	}
+	if _, ok := s.span("A", []uint64{2000}, []uint64{3001}); ok {
+		t.Fatal("span covers an id never given")
+	}
+	if _, ok := s.span("B", []uint64{2000}, []uint64{3000}); ok {
+		t.Fatal("span of another server")
+	}
+	// A restart on A gives 2001.. again: the same messages keep the record.
+	s.add(0, 2001, carryMID(0, 2001))
+	if _, ok := s.span("A", []uint64{2000}, []uint64{3000}); !ok {
+		t.Fatal("an id given again to its message broke the record")
+	}
+	// Another message under a recorded id starts the record over there.
+	s.add(0, 2002, carryMID(0, 9))
+	if _, ok := s.span("A", []uint64{2000}, []uint64{3000}); ok {
+		t.Fatal("span still covers after an id went to another message")
+	}
+	if _, ok := s.span("A", []uint64{2001}, []uint64{2002}); !ok {
+		t.Fatal("the record did not start over at the id")
+	}
+}
