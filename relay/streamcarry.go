@@ -106,11 +106,13 @@ func (s *sentIDs) keep(server string, partitions int) bool {
 
 // add records that partition i's id was given to mid. An id already
 // recorded for another message, or one that leaves a gap, starts the
-// partition's record over at id: what it held is no longer vouched for.
+// partition's record over at id: what it held is no longer vouched for. A
+// term without a server (its ids stored unmarked, never carried, and so
+// never trimmed) records nothing.
 func (s *sentIDs) add(i int, id uint64, mid outbox.MessageID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if i >= len(s.parts) {
+	if s.server == "" || i >= len(s.parts) {
 		return
 	}
 	p := &s.parts[i]

@@ -251,4 +251,11 @@ func TestUnitStreamSentIDsRecord(t *testing.T) {
 	if _, ok := s.span("A", []uint64{2001}, []uint64{2002}); !ok {
 		t.Fatal("the record did not start over at the id")
 	}
+	// A term without a server (ids stored unmarked, never trimmed)
+	// records nothing.
+	s.reset("", []uint64{0})
+	s.add(0, 1, carryMID(0, 1))
+	if len(s.parts[0].mids) != 0 {
+		t.Fatal("a term without a server recorded its ids")
+	}
 }

@@ -35,7 +35,11 @@ import (
 //     position, on the server they were stored on, for the same stream and
 //     partition count. The tail after the position is then the same rows
 //     in the same order, routed to the same partitions, so every message
-//     gets the id it had, and the broker drops those it stored;
+//     gets the id it had, and the broker drops those it stored. The one
+//     term on another server that continues them is a carry term after a
+//     failover this process went through (streamcarry.go): it checks each
+//     id this process issued above them against the message it gave it,
+//     and goes on fresh past them;
 //   - any other term (first start, handover from poll mode, an accepted
 //     lossy failover, a position set by `checkpoint set` or written without
 //     ids, another partition count, another server) first clears the
