@@ -199,6 +199,7 @@ func New(cfg Config) (*Relay, error) {
 	r.readSettings = func(ctx context.Context) (canal.Settings, error) { return canal.ReadSettings(ctx, r.db) }
 	r.openBinlog = r.openBinlogPub
 	r.streamIssued = streams.NewIssued()
+	r.streamSent.keepFor = sentKeep
 	r.serverIdentity = func(ctx context.Context) (serverIdent, error) { return serverIdentity(ctx, r.db) }
 	if cfg.Stream.Enabled() {
 		r.openBinlog = r.openStreamPub

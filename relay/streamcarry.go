@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -73,6 +74,21 @@ type sentIDs struct {
 	mu     sync.Mutex
 	server string // the identity of the server whose binlog gave the ids ("": none)
 	parts  []sentPart
+	// keepFor is how long ids stay recorded after an acknowledgement
+	// stored them (sentKeep; 0 in unit tests): a promoted replica's copy
+	// of the progress row may lag the old primary's by its last
+	// acknowledgements, and a carry term resumes from the replica's.
+	keepFor time.Duration
+	stores  []storedAt // the stored ids not yet applied by trim, oldest first
+}
+
+// sentKeep is sentIDs.keepFor: a replica whose copy of the progress row
+// lags by up to this much still gets its ids carried over.
+const sentKeep = 10 * time.Second
+
+type storedAt struct {
+	at  time.Time
+	ids []uint64
 }
 
 type sentPart struct {
@@ -89,6 +105,7 @@ func (s *sentIDs) reset(server string, ids []uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.server = server
+	s.stores = nil
 	s.parts = make([]sentPart, len(ids))
 	for i, id := range ids {
 		s.parts[i].first = id + 1
@@ -125,14 +142,35 @@ func (s *sentIDs) add(i int, id uint64, mid outbox.MessageID) {
 	}
 }
 
-// trim drops the ids at or below ids[i] (stored with a checkpoint of the
-// record's server), which no term carries again.
+// trim drops, keepFor after an acknowledgement stored ids (with a
+// checkpoint of the record's server), the ids at or below them: no term
+// carries them again once every copy of the progress row has them.
 func (s *sentIDs) trim(server string, ids []uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if server == "" || server != s.server || len(ids) != len(s.parts) {
 		return
 	}
+	now := time.Now()
+	if n := len(s.stores); n > 0 && now.Sub(s.stores[n-1].at) < s.keepFor/100 {
+		s.stores[n-1].ids = ids // at most 100 pending; the newer ids are kept for slightly less
+	} else {
+		s.stores = append(s.stores, storedAt{at: now, ids: ids})
+	}
+	var due []uint64
+	k := 0
+	for k < len(s.stores) && now.Sub(s.stores[k].at) >= s.keepFor {
+		due = s.stores[k].ids
+		k++
+	}
+	s.stores = append(s.stores[:0], s.stores[k:]...)
+	if due != nil {
+		s.dropLocked(due)
+	}
+}
+
+// dropLocked drops the ids at or below ids[i].
+func (s *sentIDs) dropLocked(ids []uint64) {
 	for i, id := range ids {
 		p := &s.parts[i]
 		if id < p.first {

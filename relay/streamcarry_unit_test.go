@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -250,6 +251,17 @@ func TestUnitStreamSentIDsRecord(t *testing.T) {
 	}
 	if _, ok := s.span("A", []uint64{2001}, []uint64{2002}); !ok {
 		t.Fatal("the record did not start over at the id")
+	}
+	// With a keep time, stored ids stay recorded that long: a promoted
+	// replica's progress row may lag the old primary's.
+	k := sentIDs{keepFor: time.Hour}
+	k.reset("A", []uint64{0})
+	for id := uint64(1); id <= 10; id++ {
+		k.add(0, id, carryMID(0, id))
+	}
+	k.trim("A", []uint64{8})
+	if _, ok := k.span("A", []uint64{2}, []uint64{10}); !ok {
+		t.Fatal("ids trimmed before their keep time")
 	}
 	// A term without a server (ids stored unmarked, never trimmed)
 	// records nothing.
