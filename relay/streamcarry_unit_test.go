@@ -198,11 +198,23 @@ func TestUnitStreamCarryEndsTheTermOnAnotherMessage(t *testing.T) {
 	if u.p.carry == nil {
 		t.Fatal("not carried")
 	}
-	if id, err := u.p.nextID(0, carryMID(0, 6)); err != nil || id != 6 {
-		t.Fatalf("id %d, %v; want 6", id, err)
+	row := func(id uint64, mid outbox.MessageID) *outbox.Record {
+		return &outbox.Record{ID: id, PartitionKey: "a", MessageID: mid, RoutingKey: "rk"}
 	}
-	if _, err := u.p.nextID(0, carryMID(0, 8)); err == nil { // 7 is missing on the new server
-		t.Fatal("id 7 given to another message than the old server's")
+	if err := u.h.Row(ctx, row(1, carryMID(0, 6))); err != nil {
+		t.Fatalf("the message id 6 was given: %v", err)
+	}
+	// Id 7's message is missing on the new server: the next message would
+	// get 7. The term ends before it reaches a lane.
+	if err := u.h.Row(ctx, row(2, carryMID(0, 8))); err == nil || u.p.failure() == nil || u.readCtx.Err() == nil {
+		t.Fatalf("row: %v, term failure %v: want the term ended", err, u.p.failure())
+	}
+	u.g.Signal("lane")
+	if err := u.g.Wait("lane"); err != nil {
+		t.Fatal(err)
+	}
+	if got := u.sinks[0].published; len(got) != 1 || got[0].Seq != 6 {
+		t.Fatalf("published %+v: want only the message of id 6", got)
 	}
 	// The next term on the new server, from the same stored ids: fresh.
 	if err := u.p.decideStreamIDs(ctx, progress, true); err != nil {
