@@ -115,7 +115,12 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	m := p.r.cfg.Metrics
 	m.MessagesFailed(len(ack.Failed))
 	if ack.StreamIDs != nil {
-		p.r.streamSent.trim(ack.StreamIDs.Server, ack.StreamIDs.IDs)
+		// With the term's server, also for a carry term's ids stored
+		// without one (markAt): the record is this server's either way,
+		// and the ids at or below acknowledged ones are never carried
+		// from again, so the record stays bounded through a long carry
+		// term.
+		p.r.streamSent.trim(p.streamServer, ack.StreamIDs.IDs)
 	}
 	if ack.HasPos {
 		p.ackedPos = b.Pos.Position

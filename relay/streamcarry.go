@@ -212,11 +212,29 @@ func (s *sentIDs) span(server string, from, upTo []uint64) ([][]outbox.MessageID
 // carry is a carry term's check of the ids it gives (see above): for
 // partition i, the ids up to upTo[i] must go to the messages mids[i] (the
 // first is stored[i]+1's); past upTo[i], the ids jump to after fresh[i].
+// pending is the number of partitions that have not jumped yet: while it
+// is not 0 the term's acknowledgements store its ids without a server
+// (markAt), so no term continues them.
 type carry struct {
 	stored, upTo, fresh []uint64
 	mids                [][]outbox.MessageID
 	jumped              []bool
+	pending             int
 	from                string // the stored ids' server
+}
+
+// jumpIdle jumps, at the term's start, every partition with nothing to
+// check (upTo[i] is the stored id): ids[i] becomes the id its next message
+// would get less one, as next would give it (ids are the term's counters,
+// the stored ids).
+func (c *carry) jumpIdle(ids []uint64) {
+	for i := range ids {
+		if !c.jumped[i] && c.upTo[i] <= ids[i] {
+			c.jumped[i] = true
+			c.pending--
+			ids[i] = max(ids[i], c.fresh[i])
+		}
+	}
 }
 
 // carryID is the id the carry term gives the next message of partition i,
@@ -235,6 +253,7 @@ func (c *carry) next(i int, last uint64, mid outbox.MessageID) (uint64, error) {
 		return id, nil
 	}
 	c.jumped[i] = true
+	c.pending--
 	return max(id, c.fresh[i]+1), nil
 }
 
@@ -286,7 +305,7 @@ func (p *pipeline) carryPrecheck(ctx context.Context, progress checkpoint.Progre
 func (p *pipeline) startCarry(st *checkpoint.StreamIDs, broker []uint64) (*carry, string) {
 	cfg := p.r.cfg.Stream
 	c := &carry{stored: st.IDs, upTo: make([]uint64, len(broker)), fresh: make([]uint64, len(broker)),
-		jumped: make([]bool, len(broker)), from: st.Server}
+		jumped: make([]bool, len(broker)), pending: len(broker), from: st.Server}
 	for i, b := range broker {
 		issued := p.r.streamIssued.Last(cfg.ProducerName(i))
 		if b > issued {

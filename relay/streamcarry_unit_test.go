@@ -21,8 +21,10 @@ func carryMID(i int, id uint64) outbox.MessageID {
 // A term on another server than the stored ids' carries them on (a
 // failover to a caught-up replica behind the same address, exactly once)
 // only when every condition of streamcarry.go holds; each one failing
-// alone gives fresh ids and clears the stored ones before anything
-// publishes.
+// alone gives fresh ids. Either way the stored ids are cleared before
+// anything publishes (a carry term's ids jump to fresh ones, so no later
+// term may continue the stored ones), and a carried partition with nothing
+// to check (partition 1) jumps to fresh ids at once.
 func TestUnitStreamCarryAcrossFailoverOnlyWhenSound(t *testing.T) {
 	const parts = 2
 	ctx := context.Background()
@@ -117,8 +119,8 @@ func TestUnitStreamCarryAcrossFailoverOnlyWhenSound(t *testing.T) {
 			cleared := len(u.store.clears) > 0
 			u.store.mu.Unlock()
 			carried := u.p.carry != nil
-			if carried != c.carry || cleared == c.carry {
-				t.Fatalf("carried %v (ids %v), stored ids cleared %v: want carried %v", carried, u.p.ids, cleared, c.carry)
+			if carried != c.carry || !cleared {
+				t.Fatalf("carried %v (ids %v), stored ids cleared %v: want carried %v, cleared", carried, u.p.ids, cleared, c.carry)
 			}
 			if !c.carry {
 				for i, id := range u.p.ids {
@@ -128,13 +130,18 @@ func TestUnitStreamCarryAcrossFailoverOnlyWhenSound(t *testing.T) {
 				}
 				return
 			}
-			if !slices.Equal(u.p.ids, stored) {
-				t.Fatalf("carried ids %v, want the stored %v", u.p.ids, stored)
+			base := streams.EpochBase(u.lease.Epoch())
+			if want := []uint64{stored[0], base - 1}; !slices.Equal(u.p.ids, want) {
+				t.Fatalf("carried ids %v, want %v (partition 1, nothing to check, jumped at the start)", u.p.ids, want)
+			}
+			// Until partition 0 jumped, what the term stores has no
+			// server: no term continues it.
+			if got := u.p.streamIDsAt(u.p.markAt(s.position, false)); got == nil || got.Server != "" {
+				t.Fatalf("ids stored before every partition jumped as %+v, want them without a server", got)
 			}
 			// The new server's binlog gives the unacknowledged ids to the
 			// same messages: they keep them; past the last issued id the
 			// partition goes on fresh.
-			base := streams.EpochBase(u.lease.Epoch())
 			for id := stored[0] + 1; id <= issued[0]; id++ {
 				got, err := u.p.nextID(0, carryMID(0, id))
 				if err != nil || got != id {
@@ -150,9 +157,12 @@ func TestUnitStreamCarryAcrossFailoverOnlyWhenSound(t *testing.T) {
 			if got, err := u.p.nextID(1, carryMID(1, 77)); err != nil || got != base {
 				t.Fatalf("partition 1 (nothing issued above the stored ids): id %d, %v; want the fresh %d", got, err, base)
 			}
-			// What this term stores is marked with the new server.
-			if got := u.p.streamIDsAt(mark{ids: []uint64{1, 2}}); got == nil || got.Server != "server_id:2" {
-				t.Fatalf("ids stored as %+v, want them marked with the new server", got)
+			// Every partition jumped: what this term stores is marked
+			// with the new server (a linear continuation of the fresh
+			// ids, as a fresh term's).
+			if got := u.p.streamIDsAt(u.p.markAt(s.position, false)); got == nil || got.Server != "server_id:2" ||
+				!slices.Equal(got.IDs, []uint64{base + 1, base}) {
+				t.Fatalf("ids stored as %+v, want [%d %d] marked with the new server", got, base+1, base)
 			}
 		})
 	}
