@@ -518,17 +518,21 @@ func serverIdentity(ctx context.Context, db *sql.DB) (serverIdent, error) {
 		return serverIdent{}, fmt.Errorf("read the database server's identity (@@server_id): %w", err)
 	}
 	srv := serverIdent{Identity: "server_id:" + strconv.FormatUint(id, 10), ID: uint32(id)}
+	var uuid sql.NullString
+	if err := conn.QueryRowContext(ctx, "SELECT @@server_uuid").Scan(&uuid); err == nil && uuid.String != "" {
+		// MySQL: it has no gtid_strict_mode (not asked: the failed
+		// query would only fill its error log), and StrictGTID is
+		// false.
+		srv.Identity = "uuid:" + uuid.String
+		return srv, nil
+	} else if ctx.Err() != nil {
+		return serverIdent{}, fmt.Errorf("read the database server's identity (@@server_uuid): %w", ctx.Err())
+	}
 	var strict sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT @@gtid_strict_mode").Scan(&strict); err == nil {
 		srv.StrictGTID = strict.Int64 == 1
 	} else if ctx.Err() != nil {
 		return serverIdent{}, fmt.Errorf("read the database server's identity (@@gtid_strict_mode): %w", ctx.Err())
-	}
-	var uuid sql.NullString
-	if err := conn.QueryRowContext(ctx, "SELECT @@server_uuid").Scan(&uuid); err == nil && uuid.String != "" {
-		srv.Identity = "uuid:" + uuid.String
-	} else if ctx.Err() != nil {
-		return serverIdent{}, fmt.Errorf("read the database server's identity (@@server_uuid): %w", ctx.Err())
 	}
 	return srv, nil
 }
