@@ -53,12 +53,23 @@ import (
 // and the message is the one the record holds for k: a message that
 // differs (a transaction missing from the new server, skipped by an
 // operator, or ordered otherwise) ends the term before it is handed to a
-// lane, and the next term numbers freshly (its server is no longer the
-// record's). Past the last issued id, the partition's ids jump to fresh
-// ones (streams.FreshAfter of the broker's last id, this process's issued
-// ids and the epoch's base), so that an id no one verified is never one a
+// lane. Past the last issued id, the partition's ids jump to fresh ones
+// (streams.FreshAfter of the broker's last id, this process's issued ids
+// and the epoch's base), so that an id no one verified is never one a
 // publisher of an older epoch may still send for a transaction of the old
-// primary. Every id the broker drops as a duplicate is then the same
+// primary; a partition with no id to check jumps at the term's start.
+//
+// After the jump the term's ids are no linear continuation of the stored
+// ones, and a term continuing either from the wrong point would give new
+// messages ids below the fresh ones the broker holds (dropped). So the
+// carry term clears the stored ids before it publishes (a fail-back to the
+// old server numbers freshly), and its acknowledgements store its ids
+// without a server (never continued: its successor numbers freshly, also
+// after a message that differs) until, at the acknowledged position, every
+// partition jumped (carry.pending is 0). From then on each stored id is
+// one of the fresh ids, and those after it were given one by one in the
+// new server's binlog order, as a fresh term gives them: stored with the
+// server, they are continued as a fresh term's are. Every id the broker drops as a duplicate is then the same
 // message, and every message the broker stores under a fresh id was never
 // given an id by this process: exactly once, except that a frozen leader
 // of an older epoch that wakes after the failover may publish, under its

@@ -39,7 +39,10 @@ import (
 //     term on another server that continues them is a carry term after a
 //     failover this process went through (streamcarry.go): it checks each
 //     id this process issued above them against the message it gave it,
-//     and goes on fresh past them;
+//     and goes on fresh past them. Its ids are then no linear continuation
+//     of the stored ones: it clears them before it publishes, and stores
+//     its own without a server (never continued) until every partition
+//     jumped to fresh ids;
 //   - any other term (first start, handover from poll mode, an accepted
 //     lossy failover, a position set by `checkpoint set` or written without
 //     ids, another partition count, another server) first clears the
