@@ -248,24 +248,37 @@ func (c *carry) jumpIdle(ids []uint64) {
 	}
 }
 
-// carryID is the id the carry term gives the next message of partition i,
-// mid (the counter p.ids[i] not yet moved), or an error when mid is not the
-// message this process gave that id.
-func (c *carry) next(i int, last uint64, mid outbox.MessageID) (uint64, error) {
-	id := last + 1
+// next is the id the carry term gives the next message of partition i, mid
+// (last is the counter p.ids[i], not yet moved), and the counter's new
+// value; an error when mid is not the message this process gave that id.
+// The partition jumps with its last checked id: the id is that one, the
+// counter the fresh base, so that the id stored with the transaction's
+// position is already past the jump (the next message gets fresh[i]+1, as
+// the successor resuming from there gives it) and a partition that goes
+// quiet after its checked tail does not keep the term's ids unmarked.
+func (c *carry) next(i int, last uint64, mid outbox.MessageID) (id, counter uint64, err error) {
+	id = last + 1
 	if c.jumped[i] {
-		return id, nil
+		return id, id, nil
 	}
-	if id <= c.upTo[i] {
-		if want := c.mids[i][id-c.stored[i]-1]; want != mid {
-			return 0, fmt.Errorf("stream destination: partition %d's publishing id %d was given to message %s on server %s, "+
-				"but the new server's binlog gives it to message %s: ending the term, the next one numbers freshly", i, id, want, c.from, mid)
-		}
-		return id, nil
+	if id > c.upTo[i] {
+		// Not reached: a partition jumps at its last checked id, or at
+		// the term's start with none (jumpIdle).
+		c.jumped[i] = true
+		c.pending--
+		id = max(id, c.fresh[i]+1)
+		return id, id, nil
+	}
+	if want := c.mids[i][id-c.stored[i]-1]; want != mid {
+		return 0, 0, fmt.Errorf("stream destination: partition %d's publishing id %d was given to message %s on server %s, "+
+			"but the new server's binlog gives it to message %s: ending the term, the next one numbers freshly", i, id, want, c.from, mid)
+	}
+	if id < c.upTo[i] {
+		return id, id, nil
 	}
 	c.jumped[i] = true
 	c.pending--
-	return max(id, c.fresh[i]+1), nil
+	return id, max(id, c.fresh[i]), nil
 }
 
 // carryPrecheck is why a term on srv may not carry the stored ids st (read

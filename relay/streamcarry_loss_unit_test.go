@@ -165,6 +165,36 @@ func TestUnitStreamCarryTermJumpedIDsAreContinued(t *testing.T) {
 	}
 }
 
+// A carry partition jumps with its last checked id: the counter stored
+// with that transaction's position is already the fresh base, so a
+// partition that goes quiet after its checked tail does not keep the
+// term's ids unmarked, and the successor resuming from there gives the
+// next message the fresh id the carry term gives it.
+func TestUnitStreamCarryPartitionJumpsWithItsLastCheckedID(t *testing.T) {
+	u := startCarryTerm(t, 8)
+	base := streams.EpochBase(u.lease.Epoch())
+	if got := give(t, u, 6, 7, 8); got[2] != 8 {
+		t.Fatalf("the checked messages get %v, want 6 7 8", got)
+	}
+	pos := position.Position{Flavor: position.FlavorMariaDB, GTIDSet: "0-1-103"}
+	st := storeAck(u, pos)
+	if st == nil || st.Server != "server_id:2" || st.IDs[0] != base-1 {
+		t.Fatalf("the ack of id 8's transaction stores %+v, want the fresh base %d with the server", st, base-1)
+	}
+	carried := give(t, u, 200)
+	// The successor on the same server, from that ack: the message after
+	// it gets the id the carry term gave it (the broker drops it), the
+	// new one the id above.
+	setBrokerLast(u, carried[0])
+	nextTerm(t, u)
+	if u.p.carry != nil || !u.p.streamCont {
+		t.Fatalf("carry %v, continues %v: want a plain continuation", u.p.carry != nil, u.p.streamCont)
+	}
+	if got := give(t, u, 200, 201); got[0] != carried[0] || got[1] != carried[0]+1 {
+		t.Fatalf("the successor gives %v, want %d %d", got, carried[0], carried[0]+1)
+	}
+}
+
 // A carry partition with nothing to check (no id issued above the stored
 // one) jumps when the term starts: an idle partition does not keep the
 // term's ids unmarked, and its next message gets a fresh id.
@@ -307,6 +337,14 @@ func TestUnitStreamContinuationGuards(t *testing.T) {
 		storeIDs(u, 6)
 		setBrokerLast(u, base(u)+2)
 		check(t, u, false, base(u)+3)
+	})
+	t.Run("a fresh term's counter, the epoch's base - 1", func(t *testing.T) {
+		// A fresh term's partition acknowledged before its first
+		// message: its next id, the base, is in the broker's band.
+		u := setup(t)
+		storeIDs(u, base(u)-1)
+		setBrokerLast(u, base(u)+2)
+		check(t, u, true, base(u))
 	})
 	t.Run("broker in a lower epoch band", func(t *testing.T) {
 		// A stored id of this epoch, the broker's last of an older

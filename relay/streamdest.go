@@ -112,13 +112,14 @@ func (p *pipeline) streamLane(rec *outbox.Record) int {
 // error means the id must not be given (the term ends).
 func (p *pipeline) nextID(i int, mid outbox.MessageID) (uint64, error) {
 	id := p.ids[i] + 1
+	counter := id
 	if p.carry != nil {
 		var err error
-		if id, err = p.carry.next(i, p.ids[i], mid); err != nil {
+		if id, counter, err = p.carry.next(i, p.ids[i], mid); err != nil {
 			return 0, err
 		}
 	}
-	p.ids[i] = id
+	p.ids[i] = counter
 	p.idsDirty = true
 	p.r.streamSent.add(i, id, mid)
 	return id, nil
@@ -308,9 +309,11 @@ func (p *pipeline) startIDs(ctx context.Context, progress checkpoint.Progress) e
 // instead of dropped messages:
 //
 //   - the broker's last id of a producer is in a higher epoch band
-//     (id>>streams.EpochBits) than the stored one: a later term numbered
-//     freshly above the stored ids, so continuing them would give new
-//     messages ids the broker drops;
+//     (id>>streams.EpochBits) than the id the continuation gives next (the
+//     stored one + 1; a fresh term's counter is the epoch's base - 1, so
+//     its next id is in the epoch's band): a later term numbered freshly
+//     above the stored ids, so continuing them would give new messages
+//     ids the broker drops;
 //   - this process issued ids above the stored ones that its record of
 //     this server's binlog does not hold (they were given on another
 //     server, or by a carry term past its jump): the broker may hold them
@@ -319,8 +322,8 @@ func (p *pipeline) continuationDoubt(stored, broker []uint64) string {
 	cfg := p.r.cfg.Stream
 	upTo := make([]uint64, len(stored))
 	for i, id := range stored {
-		if i < len(broker) && broker[i]>>streams.EpochBits > id>>streams.EpochBits {
-			return fmt.Sprintf("the broker's last id of partition %d (%d) is in a higher epoch band than the stored one (%d)", i, broker[i], id)
+		if i < len(broker) && broker[i]>>streams.EpochBits > (id+1)>>streams.EpochBits {
+			return fmt.Sprintf("the broker's last id of partition %d (%d) is in a higher epoch band than the stored one (%d) continues with", i, broker[i], id)
 		}
 		upTo[i] = max(id, p.r.streamIssued.Last(cfg.ProducerName(i)))
 	}
