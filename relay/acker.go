@@ -114,6 +114,14 @@ func (p *pipeline) flushAck(ctx context.Context, force bool) error {
 	p.tracker.Release(b.Bytes)
 	m := p.r.cfg.Metrics
 	m.MessagesFailed(len(ack.Failed))
+	if ack.StreamIDs != nil {
+		// With the term's server, also for a carry term's ids stored
+		// without one (markAt): the record is this server's either way,
+		// and the ids at or below acknowledged ones are never carried
+		// from again, so the record stays bounded through a long carry
+		// term.
+		p.r.streamSent.trim(p.streamServer, ack.StreamIDs.IDs)
+	}
 	if ack.HasPos {
 		p.ackedPos = b.Pos.Position
 		p.r.failover.acked(b.Pos.Position)

@@ -77,6 +77,11 @@ type pipeline struct {
 	// publishes).
 	streamCont   bool
 	streamServer string
+	// streamCarry: the stored ids were read on another server and
+	// decideStreamIDs found them possibly carried over; carry: the
+	// term carries them, checking each id (startIDs; streamcarry.go).
+	streamCarry bool
+	carry       *carry
 
 	failMu  sync.Mutex
 	failErr error // a failed stream producer ended the term
@@ -526,7 +531,13 @@ func (p *pipeline) dispatch(ctx context.Context, rec *outbox.Record) error {
 	lane := 0
 	if p.ids != nil {
 		lane = p.streamLane(rec)
-		msg.Seq = p.nextID(lane)
+		if msg.Seq, err = p.nextID(lane, rec.MessageID); err != nil {
+			// Never handed to a lane: end the term before anything
+			// publishes this message under that id.
+			p.tracker.Abandon(tk)
+			p.fail(err)
+			return fmt.Errorf("%w: %w", context.Canceled, err)
+		}
 	} else {
 		lane = p.lanes.For(rec.PartitionKey)
 	}

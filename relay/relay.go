@@ -82,7 +82,10 @@ type Relay struct {
 	// first dump's included (checkDumpServer; 0: unchecked);
 	// streamDumpSaw is the other server_id a dump of an ended term
 	// carried, for the next term's decision (decideStreamIDs).
-	streamIssued   *streams.Issued
+	streamIssued *streams.Issued
+	// streamSent is the message each id this process gave was given to
+	// (streamcarry.go), for carrying the ids over to another server.
+	streamSent     sentIDs
 	serverIdentity func(ctx context.Context) (serverIdent, error)
 	streamServer   atomic.Value
 	streamDumpID   atomic.Uint32
@@ -196,6 +199,7 @@ func New(cfg Config) (*Relay, error) {
 	r.readSettings = func(ctx context.Context) (canal.Settings, error) { return canal.ReadSettings(ctx, r.db) }
 	r.openBinlog = r.openBinlogPub
 	r.streamIssued = streams.NewIssued()
+	r.streamSent.keepFor = sentKeep
 	r.serverIdentity = func(ctx context.Context) (serverIdent, error) { return serverIdentity(ctx, r.db) }
 	if cfg.Stream.Enabled() {
 		r.openBinlog = r.openStreamPub

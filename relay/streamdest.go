@@ -35,7 +35,14 @@ import (
 //     position, on the server they were stored on, for the same stream and
 //     partition count. The tail after the position is then the same rows
 //     in the same order, routed to the same partitions, so every message
-//     gets the id it had, and the broker drops those it stored;
+//     gets the id it had, and the broker drops those it stored. The one
+//     term on another server that continues them is a carry term after a
+//     failover this process went through (streamcarry.go): it checks each
+//     id this process issued above them against the message it gave it,
+//     and goes on fresh past them. Its ids are then no linear continuation
+//     of the stored ones: it clears them before it publishes, and stores
+//     its own without a server (never continued) until every partition
+//     jumped to fresh ids;
 //   - any other term (first start, handover from poll mode, an accepted
 //     lossy failover, a position set by `checkpoint set` or written without
 //     ids, another partition count, another server) first clears the
@@ -58,22 +65,30 @@ import (
 // snapshot shared by the transactions that did not change it; never
 // modified); handover: the position is inside the handover window, whose
 // rows were published only if still pending, so a term resuming from it
-// would not repeat the same messages.
+// would not repeat the same messages; unmarked: a carry term's position
+// before every partition's ids jumped (streamcarry.go), whose ids are
+// stored without a server.
 type mark struct {
 	position.Position
 	ids      []uint64
 	handover bool
+	unmarked bool
 }
 
 // streamIDsAt is what an acknowledgement stores with a position: the ids of
 // m and the term's server, or nil without the stream destination or inside
-// the handover window.
+// the handover window. The ids of an unmarked mark are stored without a
+// server: no term continues them (decideStreamIDs).
 func (p *pipeline) streamIDsAt(m mark) *checkpoint.StreamIDs {
 	if !p.r.cfg.Stream.Enabled() || m.ids == nil || m.handover {
 		return nil
 	}
+	server := p.streamServer
+	if m.unmarked {
+		server = ""
+	}
 	return &checkpoint.StreamIDs{Stream: p.r.cfg.Stream.Stream, Partitions: p.r.cfg.Stream.Partitions, IDs: m.ids,
-		Server: p.streamServer, At: m.Position.String()}
+		Server: server, At: m.Position.String()}
 }
 
 // ackMode is the mode an acknowledgement stores with position m: poll for a
@@ -91,12 +106,23 @@ func (p *pipeline) streamLane(rec *outbox.Record) int {
 	return streams.Partition(rec.PartitionKey, rec.MessageID.String(), p.r.cfg.Stream.Partitions)
 }
 
-// nextID gives the next message of partition i its publishing id (reader
-// goroutine only).
-func (p *pipeline) nextID(i int) uint64 {
-	p.ids[i]++
+// nextID gives the next message of partition i, mid, its publishing id
+// (reader goroutine only), and records it (sentIDs). A carry term checks
+// mid against the message this process gave the id on the old server: an
+// error means the id must not be given (the term ends).
+func (p *pipeline) nextID(i int, mid outbox.MessageID) (uint64, error) {
+	id := p.ids[i] + 1
+	counter := id
+	if p.carry != nil {
+		var err error
+		if id, counter, err = p.carry.next(i, p.ids[i], mid); err != nil {
+			return 0, err
+		}
+	}
+	p.ids[i] = counter
 	p.idsDirty = true
-	return p.ids[i]
+	p.r.streamSent.add(i, id, mid)
+	return id, nil
 }
 
 // markAt is the tracker's position for a transaction ending at pos (reader
@@ -109,7 +135,11 @@ func (p *pipeline) markAt(pos position.Position, handover bool) mark {
 		p.idsSnap = slices.Clone(p.ids)
 		p.idsDirty = false
 	}
-	return mark{Position: pos, ids: p.idsSnap, handover: handover}
+	// A carry term's ids are a linear continuation of what the broker
+	// holds for each producer only once every partition jumped
+	// (streamcarry.go): until then they are stored without a server.
+	unmarked := p.carry != nil && p.carry.pending > 0
+	return mark{Position: pos, ids: p.idsSnap, handover: handover, unmarked: unmarked}
 }
 
 // streamIDBroker is the broker's query of the producers' last publishing
@@ -147,11 +177,28 @@ func (p *pipeline) decideStreamIDs(ctx context.Context, progress checkpoint.Prog
 	p.r.streamServer.Store(server)
 	p.r.streamDumpID.Store(dumpID)
 	st := progress.StreamIDs
-	p.streamCont = resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions &&
-		len(st.IDs) == cfg.Partitions && st.Server != "" && st.Server == server &&
+	p.streamCarry = false
+	ours := resume && st != nil && st.Stream == cfg.Stream && st.Partitions == cfg.Partitions &&
+		len(st.IDs) == cfg.Partitions && st.Server != "" &&
 		st.At == storedPosition(progress).String() // not moved by a binary that leaves stream_ids as they are
+	p.streamCont = ours && st.Server == server
 	if p.streamCont {
 		return nil
+	}
+	if ours && server != "" {
+		// Another server: carried on only where that is provably the
+		// continuation (streamcarry.go); the broker's ids and this
+		// process's record are checked in startIDs.
+		why, err := p.carryPrecheck(ctx, progress, st, srv)
+		if err != nil {
+			return err
+		}
+		if why == "" {
+			p.streamCont, p.streamCarry = true, true
+			return nil
+		}
+		p.r.log.Info("stream destination: the stored publishing ids were read on another server and are not carried over",
+			zap.String("stored_server", st.Server), zap.String("server", server), zap.String("because", why))
 	}
 	if st != nil {
 		p.r.log.Info("stream destination: the stored publishing ids do not continue this term; clearing them",
@@ -164,7 +211,10 @@ func (p *pipeline) decideStreamIDs(ctx context.Context, progress checkpoint.Prog
 
 // startIDs sets the ids the term's lanes continue from, before the tail
 // publishes (after the sweep): the stored ones when decideStreamIDs found
-// them the continuation, else fresh ids above what the sweep sent.
+// them the continuation and nothing here contradicts that, else fresh ids
+// above what the sweep sent. A resuming term (the only kind that continues
+// or carries the stored ids) does not sweep: nothing of it has published
+// yet, so clearing the stored ids here is still before anything publishes.
 func (p *pipeline) startIDs(ctx context.Context, progress checkpoint.Progress) error {
 	sp, ok := p.pub.(streamIDBroker)
 	if !ok || !p.r.cfg.Stream.Enabled() {
@@ -175,8 +225,59 @@ func (p *pipeline) startIDs(ctx context.Context, progress checkpoint.Progress) e
 	if err != nil {
 		return err
 	}
+	p.carry = nil
+	p.idsSnap, p.idsDirty = nil, false
+	if p.streamCarry {
+		// Whether or not the ids are carried, this term's ids are not
+		// a linear continuation of the stored ones: a carry term jumps
+		// to fresh ids past the checked ones, so a later term (on the
+		// old server after a fail-back, say) that continued the stored
+		// ids would give new messages ids below the fresh ones the
+		// broker holds, and the broker would drop them. Cleared,
+		// fenced by the epoch, before anything of the term publishes;
+		// the carry term's own acknowledgements store its ids without
+		// a server until every partition jumped (markAt).
+		if err := p.store.ClearStreamIDs(ctx, p.epoch); err != nil {
+			return err
+		}
+		c, why := p.startCarry(progress.StreamIDs, broker)
+		if c == nil {
+			p.r.log.Info("stream destination: the stored publishing ids were read on another server and are not carried over",
+				zap.String("stored_server", progress.StreamIDs.Server), zap.String("server", p.streamServer), zap.String("because", why))
+			p.streamCont, p.streamCarry = false, false
+		} else {
+			p.carry = c
+			p.logCarry(c, broker)
+		}
+	}
+	if p.streamCont && p.carry == nil {
+		if why := p.continuationDoubt(progress.StreamIDs.IDs, broker); why != "" {
+			p.r.log.Warn("stream destination: the stored publishing ids are not continued; clearing them",
+				zap.String("because", why), zap.Uint64s("ids", progress.StreamIDs.IDs), zap.Uint64s("broker_last", broker))
+			p.streamCont = false
+			if err := p.store.ClearStreamIDs(ctx, p.epoch); err != nil {
+				return err
+			}
+		}
+	}
 	if p.streamCont {
 		p.ids = slices.Clone(progress.StreamIDs.IDs)
+		if p.carry != nil {
+			// A partition with nothing to check jumps at once, so
+			// that an idle partition does not keep the term's ids
+			// unmarked.
+			p.carry.jumpIdle(p.ids)
+		}
+		// The record of what each id was given goes on when it is of
+		// this server (a restart on it); a carry term's record starts
+		// at the stored ids (fresh ones where a partition jumped),
+		// which it checks up to the issued ones.
+		if p.carry != nil || !p.r.streamSent.keep(p.streamServer, len(p.ids)) {
+			p.r.streamSent.reset(p.streamServer, p.ids)
+		}
+		if p.carry != nil {
+			return nil
+		}
 		// What the broker holds above the stored ids is the tail the last
 		// term published and did not acknowledge: this term publishes it
 		// again with the same ids, and the broker drops it.
@@ -195,9 +296,43 @@ func (p *pipeline) startIDs(ctx context.Context, progress checkpoint.Progress) e
 		ids[i] = streams.FreshAfter(b, p.r.streamIssued.Last(cfg.ProducerName(i)), p.epoch)
 	}
 	p.ids = ids
+	p.r.streamSent.reset(p.streamServer, p.ids)
 	p.r.log.Info("stream destination: numbering freshly above the broker's last ids and the epoch's base (at least once until the next stored position)",
 		zap.Uint64s("ids", p.ids), zap.Uint64s("broker_last", broker), zap.Int64("epoch", p.epoch))
 	return nil
+}
+
+// continuationDoubt is why a plain continuation of the stored ids on their
+// own server (decideStreamIDs) must not go on, "" when nothing contradicts
+// it. Both checks are cheap guards that turn a wrong continuation (a bug
+// that stored ids which are not the broker's sequence) into duplicates
+// instead of dropped messages:
+//
+//   - the broker's last id of a producer is in a higher epoch band
+//     (id>>streams.EpochBits) than the id the continuation gives next (the
+//     stored one + 1; a fresh term's counter is the epoch's base - 1, so
+//     its next id is in the epoch's band): a later term numbered freshly
+//     above the stored ids, so continuing them would give new messages
+//     ids the broker drops;
+//   - this process issued ids above the stored ones that its record of
+//     this server's binlog does not hold (they were given on another
+//     server, or by a carry term past its jump): the broker may hold them
+//     for messages this term's binlog does not give them to.
+func (p *pipeline) continuationDoubt(stored, broker []uint64) string {
+	cfg := p.r.cfg.Stream
+	upTo := make([]uint64, len(stored))
+	for i, id := range stored {
+		if i < len(broker) && broker[i]>>streams.EpochBits > (id+1)>>streams.EpochBits {
+			return fmt.Sprintf("the broker's last id of partition %d (%d) is in a higher epoch band than the stored one (%d) continues with", i, broker[i], id)
+		}
+		upTo[i] = max(id, p.r.streamIssued.Last(cfg.ProducerName(i)))
+	}
+	if !slices.Equal(upTo, stored) {
+		if _, ok := p.r.streamSent.span(p.streamServer, stored, upTo); !ok {
+			return "this process issued ids above the stored ones that its record of this server's binlog does not hold"
+		}
+	}
+	return ""
 }
 
 // fail ends the term with err (a failed stream producer): reading stops,
@@ -371,6 +506,9 @@ func (r *Relay) openStreamPolling(ctx context.Context, leader lease) (pollPublis
 type serverIdent struct {
 	Identity string
 	ID       uint32
+	// StrictGTID: the server runs gtid_strict_mode (MariaDB; false
+	// where there is none), read over the same connection.
+	StrictGTID bool
 }
 
 // serverIdentity is the identity of the server behind db, both read over
@@ -388,9 +526,19 @@ func serverIdentity(ctx context.Context, db *sql.DB) (serverIdent, error) {
 	srv := serverIdent{Identity: "server_id:" + strconv.FormatUint(id, 10), ID: uint32(id)}
 	var uuid sql.NullString
 	if err := conn.QueryRowContext(ctx, "SELECT @@server_uuid").Scan(&uuid); err == nil && uuid.String != "" {
+		// MySQL: it has no gtid_strict_mode (not asked: the failed
+		// query would only fill its error log), and StrictGTID is
+		// false.
 		srv.Identity = "uuid:" + uuid.String
+		return srv, nil
 	} else if ctx.Err() != nil {
 		return serverIdent{}, fmt.Errorf("read the database server's identity (@@server_uuid): %w", ctx.Err())
+	}
+	var strict sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT @@gtid_strict_mode").Scan(&strict); err == nil {
+		srv.StrictGTID = strict.Int64 == 1
+	} else if ctx.Err() != nil {
+		return serverIdent{}, fmt.Errorf("read the database server's identity (@@gtid_strict_mode): %w", ctx.Err())
 	}
 	return srv, nil
 }

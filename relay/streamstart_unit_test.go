@@ -50,10 +50,12 @@ func TestUnitStreamIDsContinueOnlyTheirOwnContinuation(t *testing.T) {
 
 	progress0, _ := u.store.Load(ctx)
 	at := storedPosition(progress0).String()
-	stored := &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: []uint64{4, 8, 9}, Server: "uuid:A", At: at}
+	// Consistent with the broker and the issued ids (a continuation's
+	// guards, TestUnitStreamContinuationGuards, pass).
+	stored := &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: []uint64{4, base + 8, base + 12}, Server: "uuid:A", At: at}
 	// A binary older than the stream destination moved the position and
 	// left the ids (a rolling downgrade, then the upgrade again).
-	moved := &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: []uint64{4, 8, 9}, Server: "uuid:A", At: at + ",0-1-1"}
+	moved := &checkpoint.StreamIDs{Stream: "s", Partitions: 3, IDs: stored.IDs, Server: "uuid:A", At: at + ",0-1-1"}
 	fresh := []uint64{base - 1, base + 3, base + 10}
 	cases := []struct {
 		name   string
