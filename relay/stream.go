@@ -111,7 +111,6 @@ func (p *pipeline) sweepThenWindow(ctx context.Context, h *handler) (from positi
 	if err != nil {
 		return from, false, fmt.Errorf("read the server's binlog position before the sweep: %w", err)
 	}
-	p.markPositioned()
 	drainer, err := p.pub.Drainer()
 	if err != nil {
 		return from, false, err
@@ -125,6 +124,13 @@ func (p *pipeline) sweepThenWindow(ctx context.Context, h *handler) (from positi
 	if err != nil {
 		return from, false, fmt.Errorf("deliver pending rows before tailing: %w", err)
 	}
+	// Only now may the due-time sweep start (it waits for this): the sweep's
+	// rounds deliver the delayed rows due meanwhile, and both claim them FOR
+	// UPDATE SKIP LOCKED, so side by side the due-time sweep would take a
+	// key's later delayed row while a round still publishes its earlier one.
+	// The tail starts at Gs, before the due-time sweep's first look, so it
+	// reads (and hints) every delayed row committed after that look.
+	p.markPositioned()
 	ge, err := r.binlog.SnapshotPosition(ctx)
 	if err != nil {
 		return from, false, fmt.Errorf("read the server's binlog position after the sweep: %w", err)

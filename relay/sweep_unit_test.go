@@ -130,3 +130,31 @@ func TestUnitFirstStartSweepStops(t *testing.T) {
 		})
 	}
 }
+
+// The due-time sweep of delayed rows does not start before the first
+// start's sweep has ended: it waits for the stream's start to be marked
+// (positioned), and that comes after the sweep. Both claim due delayed rows
+// FOR UPDATE SKIP LOCKED, so side by side the due-time sweep would take a
+// key's later row while a sweep round still published its earlier one, and
+// the key's delayed rows would reach the queue out of order (seen in
+// TestRunStreamNeverLosesToDeduplication on a loaded machine). The sweep
+// itself delivers the rows due while it runs, in order, as poll rounds do.
+func TestUnitDueTimeSweepWaitsForTheFirstStartSweep(t *testing.T) {
+	u := startUnitPipeline(t, nil)
+	markedDuringSweep := make(chan bool, 1)
+	u.firstStart(filePos(100), filePos(200), func(ctx context.Context, stop <-chan struct{}) (int, error) {
+		select {
+		case <-u.p.positioned:
+			markedDuringSweep <- true
+		default:
+			markedDuringSweep <- false
+		}
+		return 0, nil
+	})
+	rd := u.startRead(t, &scriptSource{}, position.Position{})
+	if within(t, "the sweep", markedDuringSweep) {
+		t.Fatal("the stream's start was marked before the sweep ended: the due-time sweep would claim delayed rows beside the sweep's rounds")
+	}
+	within(t, "the stream's start marked after the sweep", u.p.positioned)
+	u.stop(t, rd)
+}
