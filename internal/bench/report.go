@@ -37,19 +37,7 @@ func (r *Result) Table(w io.Writer) {
 
 func (r *Result) modeTable(w io.Writer, modes []string) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "figure")
-	for _, m := range modes {
-		fmt.Fprintf(tw, "\t%s", m)
-	}
-	fmt.Fprintln(tw)
-	row := func(name, format string, get func(ModeResult) Stat) {
-		fmt.Fprint(tw, name)
-		for _, m := range modes {
-			s := get(r.Modes[m])
-			fmt.Fprintf(tw, "\t"+format+" ["+format+" … "+format+"]", s.Median, s.Min, s.Max)
-		}
-		fmt.Fprintln(tw)
-	}
+	row := modeRows(tw, modes, func(m string) ModeResult { return r.Modes[m] })
 	row("commit → receive p50 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP50Ms })
 	row("commit → receive p95 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP95Ms })
 	row("commit → receive p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP99Ms })
@@ -104,4 +92,23 @@ func (r *Result) shapeTable(w io.Writer) {
 		}
 	}
 	tw.Flush()
+}
+
+// modeRows writes the header of a table with a column per mode to tw and
+// returns the function that writes a row: the figure get picks from each
+// mode's result (of), as median [min … max] in format.
+func modeRows[R any](tw *tabwriter.Writer, modes []string, of func(mode string) R) func(name, format string, get func(R) Stat) {
+	fmt.Fprint(tw, "figure")
+	for _, m := range modes {
+		fmt.Fprintf(tw, "\t%s", m)
+	}
+	fmt.Fprintln(tw)
+	return func(name, format string, get func(R) Stat) {
+		fmt.Fprint(tw, name)
+		for _, m := range modes {
+			st := get(of(m))
+			fmt.Fprintf(tw, "\t"+format+" ["+format+" … "+format+"]", st.Median, st.Min, st.Max)
+		}
+		fmt.Fprintln(tw)
+	}
 }

@@ -58,19 +58,7 @@ func (s *StreamResult) streamTable(w io.Writer) {
 	slices.Sort(modes)
 	fmt.Fprintf(w, "stream destination: %d partition streams\n\n", s.Partitions)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "figure")
-	for _, m := range modes {
-		fmt.Fprintf(tw, "\t%s", m)
-	}
-	fmt.Fprintln(tw)
-	row := func(name, format string, get func(StreamModeResult) Stat) {
-		fmt.Fprint(tw, name)
-		for _, m := range modes {
-			st := get(s.Modes[m])
-			fmt.Fprintf(tw, "\t"+format+" ["+format+" … "+format+"]", st.Median, st.Min, st.Max)
-		}
-		fmt.Fprintln(tw)
-	}
+	row := modeRows(tw, modes, func(m string) StreamModeResult { return s.Modes[m] })
 	row("commit → receive p50 (ms)", "%.2f", func(m StreamModeResult) Stat { return m.LatencyP50Ms })
 	row("commit → receive p95 (ms)", "%.2f", func(m StreamModeResult) Stat { return m.LatencyP95Ms })
 	row("commit → receive p99 (ms)", "%.2f", func(m StreamModeResult) Stat { return m.LatencyP99Ms })
