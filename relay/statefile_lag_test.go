@@ -79,27 +79,14 @@ func stalledAckRig(t *testing.T, state string) *failoverRig {
 	f := &failoverRig{primary: primary, replica: primary.StartReplica(t), db: db, b: b}
 	f.vip, f.binlogVIP = testenv.Proxy(t, primary.Addr()), testenv.Proxy(t, primary.Addr())
 	f.v = consume(t, b, b.Queue)
-	dsn, err := mysql.ParseDSN(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dsn.Addr = f.vip.Addr()
-	host, port, err := net.SplitHostPort(f.binlogVIP.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	binlogPort, err := strconv.Atoi(port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.rr = runRelay(t, Config{
-		MySQLDSN: dsn.FormatDSN(), AMQPURL: b.URL, DefaultExchange: b.Exchange, StateFile: state,
+	f.rr = f.runViaProxies(t, Config{
+		AMQPURL: b.URL, DefaultExchange: b.Exchange, StateFile: state,
 		// A heartbeat that hangs ends the term after twice this, at most
 		// three times this after the stall begins, and the term's end
 		// writes the state file: the kill must come, and the file follow,
 		// before.
 		CheckpointInterval: time.Second, HeartbeatInterval: 5 * time.Second,
-	}, func(r *Relay) { r.canal.Host, r.canal.Port = host, binlogPort })
+	})
 	return f
 }
 
@@ -136,4 +123,25 @@ func killedStateFile(t *testing.T, rr *relayRun, state, gtid string) string {
 		t.Fatal(err)
 	}
 	return killed
+}
+
+// runViaProxies runs a relay of cfg on f.db through the rig's proxies: its
+// pool through f.vip, its binlog connection through f.binlogVIP.
+func (f *failoverRig) runViaProxies(t *testing.T, cfg Config) *relayRun {
+	t.Helper()
+	dsn, err := mysql.ParseDSN(f.db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn.Addr = f.vip.Addr()
+	cfg.MySQLDSN = dsn.FormatDSN()
+	host, port, err := net.SplitHostPort(f.binlogVIP.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	binlogPort, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runRelay(t, cfg, func(r *Relay) { r.canal.Host, r.canal.Port = host, binlogPort })
 }

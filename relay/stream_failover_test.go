@@ -5,12 +5,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"net"
-	"strconv"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/progress"
@@ -54,26 +50,13 @@ func streamFailoverRig(t *testing.T, parts int) (*failoverRig, streams.Config) {
 	}
 	t.Cleanup(stop)
 
-	dsn, err := mysql.ParseDSN(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dsn.Addr = f.vip.Addr()
-	host, port, err := net.SplitHostPort(f.binlogVIP.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	binlogPort, err := strconv.Atoi(port)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sc.Producer = relayNameFor(db.Name) // as the CLI does: the producers are named after the relay
-	f.rr = runRelay(t, Config{
-		MySQLDSN: dsn.FormatDSN(), AMQPURL: b.URL, DefaultExchange: b.Exchange, Stream: sc,
+	f.rr = f.runViaProxies(t, Config{
+		AMQPURL: b.URL, DefaultExchange: b.Exchange, Stream: sc,
 		// The acknowledgements hang for a few seconds before the
 		// failover; a heartbeat that hangs twice this ends the term.
 		CheckpointInterval: time.Second, HeartbeatInterval: 5 * time.Second,
-	}, func(r *Relay) { r.canal.Host, r.canal.Port = host, binlogPort })
+	})
 	return f, sc
 }
 
