@@ -161,7 +161,7 @@ func TestRunStreamSurvivesSIGKILLExactlyOnce(t *testing.T) {
 	if repeats == 0 {
 		t.Error("no restart published anything again: the kills did not land while messages were unacknowledged")
 	}
-	if code, took := relay.terminate(time.Minute); code != 0 {
+	if code, took := relay.terminate(progress.Patience); code != 0 { // one step: the exit, however slow the machine
 		t.Fatalf("SIGTERM at the end: exit code %d after %v", code, took)
 	}
 }
@@ -365,7 +365,7 @@ func TestRunStreamNodeRestartExactlyOnce(t *testing.T) {
 	if !relay.running() {
 		t.Fatalf("the relay exited (code %d)", relay.cmd.ProcessState.ExitCode())
 	}
-	if code, took := relay.terminate(time.Minute); code != 0 {
+	if code, took := relay.terminate(progress.Patience); code != 0 { // one step: the exit, however slow the machine
 		t.Fatalf("SIGTERM at the end: exit code %d after %v", code, took)
 	}
 	names := make([]string, parts)
