@@ -91,6 +91,16 @@ func (f *failoverRig) failover(t *testing.T) *sql.DB {
 	return db
 }
 
+// checkRunning fails the test when the rig's relay has stopped.
+func (f *failoverRig) checkRunning(t *testing.T) {
+	t.Helper()
+	select {
+	case <-f.rr.done:
+		t.Fatalf("relay stopped: %v", f.rr.err)
+	default:
+	}
+}
+
 // checkDelivered waits until every message produced has arrived and checks
 // first deliveries in commit order per partition, and that duplicates come
 // only from the transactions after the replicated checkpoint (not only the
@@ -148,11 +158,7 @@ func TestRelayFailoverToCaughtUpReplica(t *testing.T) {
 	produce(ctx, t, &testenv.DB{SQL: rdb}, f.b, f.v, load{producers: 4, partitions: 40, total: 2_000, bigTxn: 50, bigShare: 0.5})
 	f.checkDelivered(ctx, t)
 	waitRows(ctx, t, &testenv.DB{SQL: rdb}, "SELECT COUNT(*) FROM outbox", 0)
-	select {
-	case <-f.rr.done:
-		t.Fatalf("relay stopped: %v", f.rr.err)
-	default:
-	}
+	f.checkRunning(t)
 }
 
 // lostRows is how many rows lossyFailover writes that the replica never gets.
@@ -279,11 +285,7 @@ func TestRelayAcceptsLostGTIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRows(ctx, t, &testenv.DB{SQL: rdb}, "SELECT COUNT(*) FROM outbox", 0)
-	select {
-	case <-f.rr.done:
-		t.Fatalf("relay stopped: %v", f.rr.err)
-	default:
-	}
+	f.checkRunning(t)
 }
 
 // A failover to a replica with another gtid_domain_id: the promoted server

@@ -149,11 +149,7 @@ func TestRelayStreamFailoverToCaughtUpReplicaExactlyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRows(ctx, t, &testenv.DB{SQL: rdb}, "SELECT COUNT(*) FROM outbox", 0)
-	select {
-	case <-f.rr.done:
-		t.Fatalf("relay stopped: %v", f.rr.err)
-	default:
-	}
+	f.checkRunning(t)
 	if d := f.v.Duplicates(); d != 0 {
 		t.Fatalf("%d duplicates in the streams after the failover (unacknowledged tail %d)", d, tail)
 	}
