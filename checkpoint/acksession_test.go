@@ -2,7 +2,6 @@ package checkpoint_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
@@ -37,7 +36,11 @@ func TestTakeoverEndsAStoppedLeadersAcknowledgement(t *testing.T) {
 
 	// The leader about to stop: its lock, its epoch, a heartbeat past the
 	// lease (it stopped heartbeating too).
-	lockConn := conn(ctx, t, db)
+	lockConn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockConn.Close()
 	var got int
 	if err := lockConn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", checkpoint.LockName("default")).Scan(&got); err != nil || got != 1 {
 		t.Fatalf("take the leader lock: %d, %v", got, err)
@@ -100,15 +103,4 @@ func TestTakeoverEndsAStoppedLeadersAcknowledgement(t *testing.T) {
 	if left != 0 {
 		t.Fatalf("%d rows left after the new leader's acknowledgement", left)
 	}
-}
-
-// conn is a connection of its own from db, closed at the end of the test.
-func conn(ctx context.Context, t *testing.T, db *sql.DB) *sql.Conn {
-	t.Helper()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }
