@@ -221,6 +221,24 @@ func publishStreams(ctx context.Context, producers []*stream.Producer, confirms 
 // stream's name, and a producer per partition with its confirms.
 func partitionStreams(t *testing.T, db *testenv.DB, partitions int) (string, string, []*stream.Producer, []stream.ChannelPublishConfirm) {
 	t.Helper()
+	senv, url, super := declarePartitions(t, db, partitions)
+	producers := make([]*stream.Producer, partitions)
+	confirms := make([]stream.ChannelPublishConfirm, partitions)
+	for i := range partitions {
+		var err error
+		if producers[i], err = senv.NewProducer(dedup.PartitionStream(super, i), stream.NewProducerOptions()); err != nil {
+			t.Fatal(err)
+		}
+		confirms[i] = producers[i].NotifyPublishConfirmation()
+	}
+	return url, super, producers, confirms
+}
+
+// declarePartitions declares the partition streams of a super stream named
+// after db (deleted at cleanup) and returns a connection to the stream port
+// (closed at cleanup), its URL and the super stream's name.
+func declarePartitions(t *testing.T, db *testenv.DB, partitions int) (*stream.Environment, string, string) {
+	t.Helper()
 	b := testenv.RabbitMQ(t)
 	url, err := streams.FromAMQP(b.URL)
 	if err != nil {
@@ -232,24 +250,19 @@ func partitionStreams(t *testing.T, db *testenv.DB, partitions int) (string, str
 	}
 	t.Cleanup(func() { _ = senv.Close() })
 	super := "dedup-sc-" + db.Name
-	producers := make([]*stream.Producer, partitions)
-	confirms := make([]stream.ChannelPublishConfirm, partitions)
 	for i := range partitions {
 		name := dedup.PartitionStream(super, i)
 		if err := senv.DeclareStream(name, &stream.StreamOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		testenv.DeleteStreamsAtCleanup(t, url, name)
-		if producers[i], err = senv.NewProducer(name, stream.NewProducerOptions()); err != nil {
-			t.Fatal(err)
-		}
-		confirms[i] = producers[i].NotifyPublishConfirmation()
 	}
-	return url, super, producers, confirms
+	return senv, url, super
 }
 
-// Three consumer processes share eight partition streams; one is killed
-// with SIGKILL while messages keep coming. Every message's effect commits
+// Three consumer processes share eight partition streams that the relay
+// publishes into (in this process, from the outbox rows the test commits);
+// one consumer is killed with SIGKILL while messages keep coming. Every message's effect commits
 // exactly once (counted, not hidden by the unique key), in order per key,
 // and the survivors take the dead one's partitions over from its last
 // committed offsets.
@@ -264,16 +277,17 @@ func TestStreamConsumerKilledProcess(t *testing.T) {
 	if _, err := db.SQL.Exec(streamEffectsTable); err != nil {
 		t.Fatal(err)
 	}
-	url, super, producers, confirms := partitionStreams(t, db, partitions)
-	var msgs []streamMsg
+	_, url, super := declarePartitions(t, db, partitions)
+	relayInto(t, db, url, super, partitions)
+	var msgs []streamMsg // their ids are the rows' message ids (enqueue)
 	next := map[string]int64{}
 	for i := range first + second {
 		key := fmt.Sprintf("key-%02d", i%keys)
 		next[key]++
-		msgs = append(msgs, streamMsg{key: key, seq: next[key], id: uuid.Must(uuid.NewV7()).String()})
+		msgs = append(msgs, streamMsg{key: key, seq: next[key]})
 	}
 	ctx := testenv.WorkContext(t)
-	if err := publishStreams(ctx, producers, confirms, msgs[:first]); err != nil {
+	if err := enqueue(ctx, db, msgs[:first], 50); err != nil {
 		t.Fatal(err)
 	}
 
@@ -321,7 +335,7 @@ func TestStreamConsumerKilledProcess(t *testing.T) {
 	pubErr := make(chan error, 1)
 	go func() { // owned by the test: it waits on pubErr below
 		for from := first; from < len(msgs); from += 150 {
-			if err := publishStreams(ctx, producers, confirms, msgs[from:min(from+150, len(msgs))]); err != nil {
+			if err := enqueue(ctx, db, msgs[from:min(from+150, len(msgs))], 50); err != nil {
 				pubErr <- err
 				return
 			}
@@ -373,7 +387,13 @@ func TestStreamConsumerKilledProcess(t *testing.T) {
 		t.Fatalf("%d messages went to outbox_failed", n)
 	}
 	// In order per key: the effects' commit order (id) follows seq.
-	rows, err := db.SQL.Query("SELECT pkey, seq, instance FROM stream_effects ORDER BY id")
+	// Each effect is of a row the test committed, with that row's key and
+	// seq as the relay carried them (x-partition-key, the seq header).
+	byID := make(map[string]streamMsg, len(msgs))
+	for _, m := range msgs {
+		byID[m.id] = m
+	}
+	rows, err := db.SQL.Query("SELECT message_id, pkey, seq, instance FROM stream_effects ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,9 +402,17 @@ func TestStreamConsumerKilledProcess(t *testing.T) {
 	byInstance := map[string]int{}
 	for rows.Next() {
 		var key, instance string
+		var raw []byte
 		var seq int64
-		if err := rows.Scan(&key, &seq, &instance); err != nil {
+		if err := rows.Scan(&raw, &key, &seq, &instance); err != nil {
 			t.Fatal(err)
+		}
+		id, err := uuid.FromBytes(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, ok := byID[id.String()]; !ok || m.key != key || m.seq != seq {
+			t.Fatalf("effect of message %s (key %q, seq %d) is not of a committed row (%+v, %v)", id, key, seq, m, ok)
 		}
 		if seq != last[key]+1 {
 			t.Fatalf("key %s: effect of seq %d after seq %d", key, seq, last[key])

@@ -53,7 +53,10 @@ type Config struct {
 	AMQPURL     string              // one URL, or several separated by commas (a cluster's nodes; publish.SplitURLs)
 	AMQPOptions publish.ConnOptions // TLS files and password file for AMQPURL, read at every dial
 	// Stream is the stream destination (--stream): when enabled, binlog
-	// mode publishes into its partition streams instead of exchanges.
+	// mode publishes into its partition streams instead of exchanges. Its
+	// zero fields follow the rest of the Config (SetDefaults): producers
+	// named RelayName, window ConfirmWindow, and the URL, password file
+	// and TLS files of the AMQP broker.
 	Stream          streams.Config
 	Table           string // default DefaultTable
 	RelayName       string // default DefaultRelayName
@@ -163,6 +166,7 @@ func (c *Config) SetDefaults() {
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
+	c.setStreamDefaults()
 }
 
 // Validate checks c with its defaults filled (SetDefaults); it changes

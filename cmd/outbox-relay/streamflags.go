@@ -2,52 +2,28 @@ package main
 
 import (
 	"fmt"
-	"net/url"
 
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/publish"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/streams"
 )
 
 // streamConfig completes the stream destination of cfg from the other
-// flags: the producers are named after the relay name, each partition's
-// window is --confirm-window, the URL comes from --amqp-url when
-// --stream-url is empty (with --amqp-password-file's password), and
-// validates it (exit 2 naming the flag).
+// flags, as relay.Config.SetDefaults does (producers named after the relay
+// name, each partition's window --confirm-window, the URL from --amqp-url
+// when --stream-url is empty, with --amqp-password-file's password and the
+// --amqp-tls-* files), and validates it (exit 2 naming the flag).
 func streamConfig(cfg *relay.Config) error {
-	s := &cfg.Stream
-	if !s.Enabled() {
-		if err := s.Validate(); err != nil {
+	d := *cfg
+	d.SetDefaults()
+	s := d.Stream
+	if s.Enabled() && s.URL == "" {
+		if _, err := streams.FromAMQP(cfg.AMQPURL); err != nil {
 			return usagef("%v", err)
 		}
-		return nil
 	}
-	s.Producer = cfg.RelayName
-	s.Window = cfg.ConfirmWindow
-	if s.Window <= 0 {
-		s.Window = relay.DefaultConfirmWindow
-	}
-	s.ConfirmTimeout = streams.DefaultConfirmTimeout
-	if s.URL == "" {
-		u, err := streams.FromAMQP(cfg.AMQPURL)
-		if err != nil {
-			return usagef("%v", err)
-		}
-		s.URL = u
-	}
-	if u, err := url.Parse(s.URL); err == nil {
-		if _, has := u.User.Password(); !has {
-			// Read at every dial, as the AMQP connection does.
-			s.PasswordFile = cfg.AMQPOptions.PasswordFile
-		}
-	}
-	if s.IsTLS() {
-		// The same broker: the AMQP connection's CA and client certificate.
-		o := cfg.AMQPOptions
-		s.TLS = publish.ConnOptions{TLSCA: o.TLSCA, TLSCert: o.TLSCert, TLSKey: o.TLSKey}
-	}
+	cfg.Stream = s
 	if err := s.Validate(); err != nil {
 		return usagef("%v", err)
 	}
