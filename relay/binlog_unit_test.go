@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/outbox-relay/outbox-relay/canal"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -23,11 +26,12 @@ import (
 // runs resume from a stored position).
 type fakeBinlogPub struct {
 	*fakeBroker
-	drainer drainer
-	mu      sync.Mutex
-	sinks   []*fakeSink
-	sent    chan struct{} // receives on every publish of every sink
-	closed  atomic.Bool
+	drainer  drainer
+	mu       sync.Mutex
+	sinks    []*fakeSink
+	sent     chan struct{} // receives on every publish of every sink
+	closed   atomic.Bool
+	closeErr error // what Close returns
 }
 
 func (p *fakeBinlogPub) NewSink(onResult func(publish.Result)) (sink, error) {
@@ -50,7 +54,7 @@ func (p *fakeBinlogPub) DelayedSweeper() (delayedSweeper, time.Duration, error) 
 	return noDelayed{}, time.Hour, nil
 }
 
-func (p *fakeBinlogPub) Close() error { p.closed.Store(true); return nil }
+func (p *fakeBinlogPub) Close() error { p.closed.Store(true); return p.closeErr }
 
 // published returns how many messages all sinks published.
 func (p *fakeBinlogPub) published() int {
@@ -170,6 +174,32 @@ func TestUnitRunBinlogShutdown(t *testing.T) {
 	}
 	if !b.pub.closed.Load() || b.r.Tailing() {
 		t.Fatalf("after the run: publisher closed %v, tailing %v", b.pub.closed.Load(), b.r.Tailing())
+	}
+}
+
+// A publisher whose close fails at the end of a run (a stream connection
+// that did not close in time) does not change how the run ended, and its
+// error is logged, not dropped.
+func TestUnitRunBinlogLogsAFailedClose(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	src := &scriptSource{txns: []txn{{rows: []*outbox.Record{rec(1, "a")}, pos: filePos(100)}}}
+	store := newFakeStore()
+	store.progress.Position = filePos(50)
+	b := &binlogRun{store: store, lease: newFakeLease(8), next: make(chan *modeSwitch, 1), err: make(chan error, 1),
+		pub: &fakeBinlogPub{fakeBroker: newFakeBroker(), sent: make(chan struct{}, 1000),
+			closeErr: errors.New("close the stream connection: timed out")}}
+	b.r = unitRelay(t, store, func(c *Config) { c.Logger = zap.New(core) })
+	b.r.binlog = fakeBinlog{src: src}
+	b.launch(t)
+	b.pub.waitPublished(t, 1)
+	b.pub.confirm(t, 1)
+	b.stop()
+	if next, err := b.result(t); next != nil || err != nil {
+		t.Fatalf("shutdown: switch %+v, error %v; want neither", next, err)
+	}
+	found := logs.FilterMessageSnippet("close binlog mode's publisher failed").FilterFieldKey("error").All()
+	if len(found) != 1 || !strings.Contains(found[0].ContextMap()["error"].(string), "timed out") {
+		t.Fatalf("logged %v; want one warning with the close's error", logs.All())
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"sync"
 	"time"
@@ -309,7 +310,7 @@ func (r *Relay) runPoll(ctx context.Context, leader lease) (*modeSwitch, error) 
 	if err != nil {
 		return nil, err
 	}
-	defer publisher.Close()
+	defer r.closeLogged("poll mode's publisher", publisher)
 	r.tailing.Store(false)
 	r.clearFailed(ctx, leader.Epoch()) // before the flag: whoever sees it sees the status cleared
 	r.polling.Store(true)
@@ -484,4 +485,15 @@ func (r *Relay) newPoller(pub poller.Publisher, leader lease) (*poller.Poller, e
 		return nil, &ConfigError{err}
 	}
 	return p, nil
+}
+
+// closeLogged closes c, what a mode opened for its run, when the run ends,
+// and logs its error: the run's own end is decided by then, and a close
+// that fails (a stream connection that did not close in time, a producer
+// the broker had already dropped) says something about the broker, not the
+// delivery. what names c in the log line.
+func (r *Relay) closeLogged(what string, c io.Closer) {
+	if err := c.Close(); err != nil {
+		r.log.Warn("close "+what+" failed", zap.Error(err))
+	}
 }

@@ -152,7 +152,7 @@ func (r *Relay) runBinlog(ctx context.Context, leader lease) (*modeSwitch, error
 	if err != nil {
 		return nil, err
 	}
-	defer publisher.Close()
+	defer r.closeLogged("binlog mode's publisher", publisher)
 
 	p := r.newPipeline(leader, publisher, cancelRead)
 	g.Go("stop-reading", cancelRead, func() error { p.stopReading(ctx, readCtx); return nil })

@@ -25,7 +25,7 @@ import (
 func (p *pipeline) sweepDelayed(ctx context.Context, stop <-chan struct{}) {
 	s, interval, err := p.pub.DelayedSweeper()
 	if err == nil {
-		defer s.Close()
+		defer p.r.closeLogged("the due-time sweep's publisher", s)
 		p.runSweeper(ctx, stop, s, interval)
 		return
 	}
