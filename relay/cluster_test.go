@@ -27,7 +27,8 @@ const clusterTotal, clusterKeys = 4_000, 200
 // cluster mid-stream. After each, both queues hold every message, first
 // deliveries in commit order per key, duplicated messages no more than those
 // unconfirmed at the fault (a confirm window per lane and per fault), and
-// nothing went to outbox_failed. The faults run one after
+// nothing went to outbox_failed. A last fault does the same to the stream
+// destination (streamLeaderKilled: exactly once). The faults run one after
 // the other on one cluster (starting three nodes takes tens of seconds),
 // which is whole again before each.
 //
@@ -161,6 +162,10 @@ func TestRelayOnCluster(t *testing.T) {
 		// promise for a classic queue, not the relay's to keep.
 		r.finish(ctx, load, testenv.ClusterSize, false)
 	})
+
+	// e. The stream destination, given every node's stream URL: the node
+	// leading the partition streams is killed mid-stream.
+	t.Run("stream_leader_killed", func(t *testing.T) { streamLeaderKilled(t, c) })
 }
 
 // clusterRun is one fault's relay, database, exchange and queues.

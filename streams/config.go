@@ -36,8 +36,13 @@ type Config struct {
 	Stream string
 	// Partitions (--stream-partitions) is N, at least 1.
 	Partitions int
-	// URL (--stream-url) is rabbitmq-stream://user:pass@host:5552/vhost;
-	// empty: derived from the AMQP URL (FromAMQP).
+	// URL (--stream-url) is rabbitmq-stream://user:pass@host:5552/vhost:
+	// a single node or a load balancer in front of a cluster, whose
+	// address every connection then goes to; or every node of a cluster,
+	// separated by commas: the first that answers is asked where each
+	// partition's leader is, and each producer connects to its leader as
+	// the node advertises it (the stream plugin's advertised_host and
+	// advertised_port). Empty: derived from the AMQP URL (FromAMQP).
 	URL string
 	// Producer is the prefix of the producers' names: partition i is
 	// published by "<Producer>-<i>" (the relay name).
@@ -64,14 +69,15 @@ func (c Config) IsTLS() bool { return strings.HasPrefix(c.URL, "rabbitmq-stream+
 // tlsConfig is the TLS configuration of a rabbitmq-stream+tls:// URL (nil
 // for rabbitmq-stream://): TLS's CA (else the system's roots) and client
 // certificate, ServerName the URL's host (the client sets none: without it
-// every handshake fails). external: the client certificate logs in (SASL
+// every handshake fails); with several URLs, any of their hosts
+// (anyHostVerifier). external: the client certificate logs in (SASL
 // EXTERNAL), as with AMQP, when the URL has no password and there is no
 // password file.
 func (c Config) tlsConfig() (cfg *tls.Config, external bool, err error) {
 	if !c.IsTLS() {
 		return nil, false, nil
 	}
-	u, err := url.Parse(c.URL)
+	u, err := url.Parse(c.URLs()[0])
 	if err != nil {
 		return nil, false, fmt.Errorf("--stream-url %s does not parse", redact.URL(c.URL))
 	}
@@ -82,27 +88,13 @@ func (c Config) tlsConfig() (cfg *tls.Config, external bool, err error) {
 	if cfg == nil {
 		cfg = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	cfg.ServerName = u.Hostname()
+	if hosts := c.hosts(); len(hosts) > 1 {
+		anyHostVerifier(cfg, hosts)
+	} else {
+		cfg.ServerName = u.Hostname()
+	}
 	_, hasPassword := u.User.Password()
 	return cfg, len(cfg.Certificates) > 0 && !hasPassword && c.PasswordFile == "", nil
-}
-
-// dialURL is the URL the client dials: URL with PasswordFile's password.
-// Errors name the file, never the password.
-func (c Config) dialURL() (string, error) {
-	if c.PasswordFile == "" {
-		return c.URL, nil
-	}
-	pw, err := redact.ReadPasswordFile(c.PasswordFile)
-	if err != nil {
-		return "", fmt.Errorf("read the stream connection's password (--amqp-password-file): %w", err)
-	}
-	u, err := url.Parse(c.URL)
-	if err != nil {
-		return "", fmt.Errorf("--stream-url %s does not parse", redact.URL(c.URL))
-	}
-	u.User = url.UserPassword(u.User.Username(), pw)
-	return u.String(), nil
 }
 
 // Enabled reports whether a stream is configured.
@@ -154,8 +146,8 @@ func (c Config) Validate() error {
 	if c.Window < 1 || c.Window > MaxWindow {
 		return fmt.Errorf("stream destination: confirm window %d (--confirm-window): between 1 and %d", c.Window, MaxWindow)
 	}
-	if _, err := url.Parse(c.URL); err != nil || !strings.HasPrefix(c.URL, "rabbitmq-stream") {
-		return fmt.Errorf("--stream-url %s: the form is rabbitmq-stream://user:pass@host:5552/vhost (rabbitmq-stream+tls:// for TLS)", redact.URL(c.URL))
+	if err := c.checkURLs(); err != nil {
+		return err
 	}
 	if _, _, err := c.tlsConfig(); err != nil {
 		return err
@@ -163,23 +155,28 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// FromAMQP derives the stream URL from an AMQP URL (the first of a
-// comma-separated list): same user, password, host and vhost, port 5552
-// (rabbitmq-stream://), or 5551 for amqps (rabbitmq-stream+tls://).
+// FromAMQP derives the stream URL from an AMQP URL, or a list of them
+// (comma-separated, a cluster's nodes: a list of as many stream URLs): same
+// user, password, host and vhost, port 5552 (rabbitmq-stream://), or 5551
+// for amqps (rabbitmq-stream+tls://).
 func FromAMQP(amqpURL string) (string, error) {
-	first, _, _ := strings.Cut(amqpURL, ",")
-	u, err := url.Parse(strings.TrimSpace(first))
-	if err != nil || u.Host == "" {
-		return "", fmt.Errorf("derive the stream URL from the AMQP URL %s: it does not parse; set --stream-url", redact.URL(first))
+	var out []string
+	for _, raw := range strings.Split(amqpURL, ",") {
+		raw = strings.TrimSpace(raw)
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return "", fmt.Errorf("derive the stream URL from the AMQP URL %s: it does not parse; set --stream-url", redact.URL(raw))
+		}
+		scheme, port := "rabbitmq-stream", DefaultPort
+		if u.Scheme == "amqps" {
+			scheme, port = "rabbitmq-stream+tls", 5551
+		}
+		u.Scheme = scheme
+		u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(port))
+		if u.Path == "" {
+			u.Path = "/"
+		}
+		out = append(out, u.String())
 	}
-	scheme, port := "rabbitmq-stream", DefaultPort
-	if u.Scheme == "amqps" {
-		scheme, port = "rabbitmq-stream+tls", 5551
-	}
-	u.Scheme = scheme
-	u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(port))
-	if u.Path == "" {
-		u.Path = "/"
-	}
-	return u.String(), nil
+	return strings.Join(out, ","), nil
 }

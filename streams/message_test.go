@@ -53,7 +53,7 @@ func TestFromAMQP(t *testing.T) {
 	for in, want := range map[string]string{
 		"amqp://u:p@h:5672/v":                   "rabbitmq-stream://u:p@h:5552/v",
 		"amqp://guest:guest@127.0.0.1:5672/":    "rabbitmq-stream://guest:guest@127.0.0.1:5552/",
-		"amqp://u:p@h1:5672/v, amqp://u:p@h2/v": "rabbitmq-stream://u:p@h1:5552/v",
+		"amqp://u:p@h1:5672/v, amqp://u:p@h2/v": "rabbitmq-stream://u:p@h1:5552/v,rabbitmq-stream://u:p@h2:5552/v",
 		"amqps://u:p@h:5671/v":                  "rabbitmq-stream+tls://u:p@h:5551/v",
 		"amqp://h":                              "rabbitmq-stream://h:5552/",
 	} {

@@ -42,6 +42,7 @@ type Publisher struct {
 	open   openProducer
 	issued *Issued // this process's highest ids per producer name (may be nil)
 	epoch  int64   // the relay epoch of the term: fresh ids start at EpochBase
+	node   string  // host:port of the URL connected to ("": the first URL's)
 
 	// opening (its one slot taken) serialises opening producers and
 	// numbering them; a channel so that waiting for it ends with the
@@ -65,29 +66,40 @@ func Dial(cfg Config) (*Publisher, error) { return DialTerm(cfg, nil, 0) }
 // fresh ids (Router, StartFresh) start above FreshAfter, and every id sent
 // is noted in issued.
 func DialTerm(cfg Config, issued *Issued, epoch int64) (*Publisher, error) {
-	env, err := Environment(cfg)
+	env, node, err := environment(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return newPublisher(cfg, env, env, issued, epoch), nil
+	p := newPublisher(cfg, env, env, issued, epoch)
+	p.node = node
+	return p, nil
 }
 
 // Environment is the client's connection to cfg.URL as the relay dials it:
-// with PasswordFile's password, the TLS of a rabbitmq-stream+tls:// URL, and
-// the URL's own host in place of the one the broker advertises (a single
-// node, or a load balancer in front of the cluster: the stream protocol
-// would otherwise connect producers to the node name the broker advertises,
-// which need not resolve from here). The caller closes it. Code that
-// reads or writes the streams beside the relay (bench) dials with it.
+// with PasswordFile's password and the TLS of rabbitmq-stream+tls://. With
+// one URL every connection goes to its address, in place of the one the
+// broker advertises (a single node, or a load balancer in front of the
+// cluster: the stream protocol would otherwise connect producers to the
+// node name the broker advertises, which need not resolve from here). With
+// several (a cluster's nodes) the first that accepts a connection is the
+// locator, and producers connect to their stream's leader as the broker
+// advertises it. The caller closes it. Code that reads or writes the
+// streams beside the relay (bench) dials with it.
 func Environment(cfg Config) (*stream.Environment, error) {
-	uri, err := cfg.dialURL()
+	env, _, err := environment(cfg)
+	return env, err
+}
+
+// environment is Environment, and the host:port of the URL it connected to.
+func environment(cfg Config) (*stream.Environment, string, error) {
+	uris, err := cfg.dialURLs()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	opts := stream.NewEnvironmentOptions().SetUri(uri).SetRPCTimeout(rpcTimeout)
+	opts := stream.NewEnvironmentOptions().SetRPCTimeout(rpcTimeout)
 	tc, external, err := cfg.tlsConfig()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if tc != nil {
 		opts.SetTLSConfig(tc)
@@ -95,21 +107,42 @@ func Environment(cfg Config) (*stream.Environment, error) {
 			opts.SetSaslConfiguration(stream.SaslConfigurationExternal)
 		}
 	}
-	if u, err := url.Parse(cfg.URL); err == nil && u.Hostname() != "" {
-		port := u.Port()
-		if port == "" {
-			port = fmt.Sprint(DefaultPort)
+	first := 0
+	if len(uris) == 1 {
+		opts.SetUri(uris[0])
+		if u, err := url.Parse(uris[0]); err == nil && u.Hostname() != "" {
+			port := u.Port()
+			if port == "" {
+				port = fmt.Sprint(DefaultPort)
+			}
+			var p int
+			_, _ = fmt.Sscan(port, &p)
+			opts.SetAddressResolver(stream.AddressResolver{Host: u.Hostname(), Port: p})
 		}
-		var p int
-		_, _ = fmt.Sscan(port, &p)
-		opts.SetAddressResolver(stream.AddressResolver{Host: u.Hostname(), Port: p})
+	} else {
+		// The client tries its URIs in order: the first that answers
+		// now leads, so that the node reported is the one connected to.
+		first = firstReachable(uris)
+		opts.SetUris(append(append([]string(nil), uris[first:]...), uris[:first]...))
 	}
 	env, err := stream.NewEnvironment(opts)
 	if err != nil {
-		return nil, fmt.Errorf("connect to the stream protocol at %s (is the rabbitmq_stream plugin enabled? rabbitmq-plugins enable rabbitmq_stream): %w",
-			redact.URL(cfg.URL), scrubbed(err, uri))
+		return nil, "", fmt.Errorf("connect to the stream protocol at %s (is the rabbitmq_stream plugin enabled? rabbitmq-plugins enable rabbitmq_stream): %w",
+			redact.URL(cfg.URL), scrubbedAll(err, uris))
 	}
-	return env, nil
+	node := ""
+	if u, err := url.Parse(uris[first]); err == nil {
+		node = u.Host
+	}
+	return env, node, nil
+}
+
+// scrubbedAll is err with the passwords of uris masked.
+func scrubbedAll(err error, uris []string) error {
+	for _, u := range uris {
+		err = scrubbed(err, u)
+	}
+	return err
 }
 
 // scrubbed is err with the password of uri masked (the client's messages
@@ -358,9 +391,13 @@ func (p *Publisher) Declare() (superStream bool, err error) {
 	return false, fmt.Errorf("declare super stream %s: %w", p.cfg.Stream, err)
 }
 
-// Node is the host:port the publisher connects to (never credentials).
+// Node is the host:port of the URL the publisher connected to (never
+// credentials): with several URLs, the one that answered first.
 func (p *Publisher) Node() string {
-	u, err := url.Parse(p.cfg.URL)
+	if p.node != "" {
+		return p.node
+	}
+	u, err := url.Parse(p.cfg.URLs()[0])
 	if err != nil {
 		return ""
 	}

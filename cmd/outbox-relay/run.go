@@ -78,7 +78,7 @@ func setupRun(fs *flag.FlagSet) runFunc {
 	maint := declareMaintenance(fs)
 	fs.StringVar(&cfg.Stream.Stream, "stream", "", "publish into the RabbitMQ super stream `NAME` (partition streams NAME-0 … NAME-(N-1), over the stream protocol) instead of exchanges: exactly once in binlog mode while it resumes from its own checkpoint, at least once otherwise (docs/operations.md, The stream destination)")
 	fs.IntVar(&cfg.Stream.Partitions, "stream-partitions", 1, "--stream: the number `N` of partition streams; a row goes to murmur3(partition key, seed 104729) mod N, as the super-stream clients route")
-	fs.StringVar(&cfg.Stream.URL, "stream-url", "", "--stream: the stream protocol's `url` rabbitmq-stream://user:pass@host:5552/vhost (empty: the first --amqp-url's user, password, host and vhost on port 5552)")
+	fs.StringVar(&cfg.Stream.URL, "stream-url", "", "--stream: the stream protocol's `url` rabbitmq-stream://user:pass@host:5552/vhost, or a cluster's nodes separated by commas (empty: each --amqp-url's user, password, host and vhost on port 5552)")
 	declare := fs.Bool("stream-declare", true, "--stream: declare the partition streams that do not exist at start (existing ones are used as they are); false when an operator declares them")
 	f := &runFlags{fs: fs, cfg: &cfg, maxInflight: &maxInflight, maxMessage: &maxMessage, serverID: &serverID, my: my, tracing: tracing,
 		metricsAddr: metricsAddr, maint: maint, streamDeclare: declare}

@@ -33,8 +33,9 @@ const ctlPollInterval = 2 * time.Second
 
 // RabbitCluster is a private cluster of ClusterSize RabbitMQ nodes on this
 // machine: private nodes (see RabbitNode) with a shared Erlang cookie,
-// joined to the first node by peer discovery as they first boot. Quorum
-// queues declared on it have a member on every node.
+// joined to the first node by peer discovery as they first boot, each with
+// the stream plugin (StreamURL). Quorum queues and streams declared on it
+// have a member on every node.
 //
 // Starting one takes tens of seconds, so a test binary has one
 // (SharedRabbitCluster), used by its tests one after the other: a test that
@@ -93,7 +94,7 @@ func newRabbitCluster() (_ *RabbitCluster, err error) {
 			_ = c.destroy()
 		}
 	}()
-	if c.nodes[0], err = newRabbitNode(rabbitOptions{cookie: cookie}); err != nil {
+	if c.nodes[0], err = newRabbitNode(rabbitOptions{cookie: cookie, streams: true}); err != nil {
 		return c, err
 	}
 	first := c.nodes[0].name
@@ -103,7 +104,7 @@ func newRabbitCluster() (_ *RabbitCluster, err error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.nodes[i], errs[i] = newRabbitNode(rabbitOptions{cookie: cookie, peers: []string{first}})
+			c.nodes[i], errs[i] = newRabbitNode(rabbitOptions{cookie: cookie, peers: []string{first}, streams: true})
 			if errs[i] != nil {
 				errs[i] = fmt.Errorf("join node %d to %s: %w", i, first, errs[i])
 			}

@@ -2,6 +2,7 @@ package validator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -73,16 +74,20 @@ func ReadStreams(ctx context.Context, url string, streams []string, v *Validator
 		ends = map[string]bool{}
 	)
 	for _, name := range streams {
-		c, err := env.NewConsumer(name, func(cc stream.ConsumerContext, m *samqp.Message) {
-			if m.Properties != nil && m.Properties.MessageID == marker {
-				mu.Lock()
-				ends[cc.Consumer.GetStreamName()] = true
-				mu.Unlock()
-			} else {
-				v.Observe(StreamDelivery(m))
-			}
-			read.Add(1)
-		}, stream.NewConsumerOptions().SetOffset(stream.OffsetSpecification{}.First()).SetInitialCredits(200))
+		var c *stream.Consumer
+		err := whileUnavailable(ctx, func() (err error) {
+			c, err = env.NewConsumer(name, func(cc stream.ConsumerContext, m *samqp.Message) {
+				if m.Properties != nil && m.Properties.MessageID == marker {
+					mu.Lock()
+					ends[cc.Consumer.GetStreamName()] = true
+					mu.Unlock()
+				} else {
+					v.Observe(StreamDelivery(m))
+				}
+				read.Add(1)
+			}, stream.NewConsumerOptions().SetOffset(stream.OffsetSpecification{}.First()).SetInitialCredits(200))
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("validator: consume stream %s: %w", name, err)
 		}
@@ -102,7 +107,11 @@ func ReadStreams(ctx context.Context, url string, streams []string, v *Validator
 // appendMarker publishes the end marker into one stream and waits for its
 // confirm.
 func appendMarker(ctx context.Context, env *stream.Environment, name, marker string) error {
-	p, err := env.NewProducer(name, stream.NewProducerOptions())
+	var p *stream.Producer
+	err := whileUnavailable(ctx, func() (err error) {
+		p, err = env.NewProducer(name, stream.NewProducerOptions())
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("validator: producer on stream %s: %w", name, err)
 	}
@@ -135,4 +144,23 @@ func StreamDelivery(m *samqp.Message) amqp.Delivery {
 	d := dedup.StreamDelivery(m)
 	d.Timestamp = d.Timestamp.Truncate(time.Second)
 	return d
+}
+
+// whileUnavailable calls open until it returns anything but the broker's
+// "stream not available" (a member of the stream on a node that has just
+// restarted, not yet in sync), for one progress.Step at most.
+func whileUnavailable(ctx context.Context, open func() error) error {
+	ctx, cancel := progress.Step(ctx)
+	defer cancel()
+	for {
+		err := open()
+		if !errors.Is(err, stream.StreamNotAvailable) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
