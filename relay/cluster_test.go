@@ -164,7 +164,7 @@ func TestRelayOnCluster(t *testing.T) {
 	})
 
 	// e. The stream destination, given every node's stream URL: the node
-	// leading the partition streams is killed mid-stream.
+	// leading partition stream 0 is killed mid-stream.
 	t.Run("stream_leader_killed", func(t *testing.T) { streamLeaderKilled(t, c) })
 }
 

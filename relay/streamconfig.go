@@ -1,8 +1,6 @@
 package relay
 
 import (
-	"net/url"
-
 	"github.com/outbox-relay/outbox-relay/publish"
 	"github.com/outbox-relay/outbox-relay/streams"
 )
@@ -29,10 +27,8 @@ func (c *Config) setStreamDefaults() {
 		// reports the AMQP URL first.
 		s.URL, _ = streams.FromAMQP(c.AMQPURL)
 	}
-	if u, err := url.Parse(s.URL); err == nil && s.PasswordFile == "" {
-		if _, has := u.User.Password(); !has {
-			s.PasswordFile = c.AMQPOptions.PasswordFile // read at every dial, as the AMQP connection's
-		}
+	if s.PasswordFile == "" && !s.HasPassword() {
+		s.PasswordFile = c.AMQPOptions.PasswordFile // read at every dial, as the AMQP connection's
 	}
 	if s.IsTLS() && s.TLS == (publish.ConnOptions{}) {
 		o := c.AMQPOptions

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -64,7 +65,7 @@ type Config struct {
 }
 
 // IsTLS reports whether the URL is rabbitmq-stream+tls://.
-func (c Config) IsTLS() bool { return strings.HasPrefix(c.URL, "rabbitmq-stream+tls://") }
+func (c Config) IsTLS() bool { return strings.HasPrefix(c.URLs()[0], "rabbitmq-stream+tls://") }
 
 // tlsConfig is the TLS configuration of a rabbitmq-stream+tls:// URL (nil
 // for rabbitmq-stream://): TLS's CA (else the system's roots) and client
@@ -77,8 +78,7 @@ func (c Config) tlsConfig() (cfg *tls.Config, external bool, err error) {
 	if !c.IsTLS() {
 		return nil, false, nil
 	}
-	u, err := url.Parse(c.URLs()[0])
-	if err != nil {
+	if _, err := url.Parse(c.URLs()[0]); err != nil {
 		return nil, false, fmt.Errorf("--stream-url %s does not parse", redact.URL(c.URL))
 	}
 	cfg, err = c.TLS.TLSConfig()
@@ -90,11 +90,10 @@ func (c Config) tlsConfig() (cfg *tls.Config, external bool, err error) {
 	}
 	if hosts := c.hosts(); len(hosts) > 1 {
 		anyHostVerifier(cfg, hosts)
-	} else {
-		cfg.ServerName = u.Hostname()
+	} else if len(hosts) == 1 {
+		cfg.ServerName = hosts[0]
 	}
-	_, hasPassword := u.User.Password()
-	return cfg, len(cfg.Certificates) > 0 && !hasPassword && c.PasswordFile == "", nil
+	return cfg, len(cfg.Certificates) > 0 && !c.HasPassword() && c.PasswordFile == "", nil
 }
 
 // Enabled reports whether a stream is configured.
@@ -176,7 +175,9 @@ func FromAMQP(amqpURL string) (string, error) {
 		if u.Path == "" {
 			u.Path = "/"
 		}
-		out = append(out, u.String())
+		if !slices.Contains(out, u.String()) { // nodes of one host on AMQP ports of their own
+			out = append(out, u.String())
+		}
 	}
 	return strings.Join(out, ","), nil
 }

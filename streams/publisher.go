@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"strconv"
 	"strings"
@@ -122,7 +123,11 @@ func environment(cfg Config) (*stream.Environment, string, error) {
 	} else {
 		// The client tries its URIs in order: the first that answers
 		// now leads, so that the node reported is the one connected to.
-		first = firstReachable(uris)
+		// The probe starts at a node drawn at random: a node can accept
+		// connections and still answer "stream not available" for
+		// minutes (seen on 3.10.8 after a SIGKILL and restart), and a
+		// term that fails on it then tries another at the next term.
+		first = firstReachable(uris, rand.IntN(len(uris)))
 		opts.SetUris(append(append([]string(nil), uris[first:]...), uris[:first]...))
 	}
 	env, err := stream.NewEnvironment(opts)
@@ -313,7 +318,11 @@ func (p *Publisher) producerOpen(ctx context.Context, name string, i int) (*Prod
 	}
 	opts := p.cfg.producerOptions(name)
 	var sp clientProducer
-	err := p.call(ctx, fmt.Sprintf("open producer %s on stream %s (declare the partition streams: run with --stream-declare)", name, p.cfg.PartitionName(i)),
+	hint := "declare the partition streams: run with --stream-declare"
+	if len(p.cfg.URLs()) > 1 {
+		hint += "; the producer connects to the stream's leader as its node advertises itself (stream.advertised_host and advertised_port), which must be reachable from here"
+	}
+	err := p.call(ctx, fmt.Sprintf("open producer %s on stream %s (%s)", name, p.cfg.PartitionName(i), hint),
 		func() error {
 			var err error
 			sp, err = p.open(p.cfg.PartitionName(i), opts)

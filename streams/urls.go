@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -14,29 +15,36 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/redact"
 )
 
-// URLs is Config.URL split at its commas, each trimmed: one URL (a single
-// node, or a load balancer in front of a cluster), or every node of a
-// cluster.
+// nextURL is a comma that starts another URL of the list: one followed by
+// a scheme and "://". A comma elsewhere (in a password) belongs to its URL.
+var nextURL = regexp.MustCompile(`,\s*[A-Za-z][A-Za-z0-9+.\-]*://`)
+
+// URLs is Config.URL split at the commas that start another URL (nextURL),
+// each trimmed: one URL (a single node, or a load balancer in front of a
+// cluster), or every node of a cluster.
 func (c Config) URLs() []string {
-	parts := strings.Split(c.URL, ",")
-	for i, p := range parts {
-		parts[i] = strings.TrimSpace(p)
+	var urls []string
+	begin := 0
+	for _, m := range nextURL.FindAllStringIndex(c.URL, -1) {
+		urls = append(urls, strings.TrimSpace(c.URL[begin:m[0]]))
+		begin = m[0] + 1
 	}
-	return parts
+	return append(urls, strings.TrimSpace(c.URL[begin:]))
 }
 
-// checkURLs checks each URL of the list; errors name --stream-url.
+// checkURLs checks each URL of the list; errors name --stream-url and show
+// the list with its passwords masked.
 func (c Config) checkURLs() error {
+	const form = "the form is rabbitmq-stream://user:pass@host:5552/vhost (rabbitmq-stream+tls:// for TLS), several nodes separated by commas"
 	urls := c.URLs()
 	tlsCount := 0
 	for i, u := range urls {
-		form := "the form is rabbitmq-stream://user:pass@host:5552/vhost (rabbitmq-stream+tls:// for TLS), several nodes separated by commas"
-		if u == "" {
-			return fmt.Errorf("--stream-url %s: URL %d of %d is empty; %s", redact.URL(c.URL), i+1, len(urls), form)
+		if u == "" || strings.HasSuffix(u, ",") || strings.HasPrefix(u, ",") {
+			return fmt.Errorf("--stream-url %s: an empty URL (two commas in a row, or a comma at an end); %s", redact.URL(c.URL), form)
 		}
 		p, err := url.Parse(u)
 		if err != nil || !strings.HasPrefix(u, "rabbitmq-stream") || p.Hostname() == "" {
-			return fmt.Errorf("--stream-url %s: %s", redact.URL(u), form)
+			return fmt.Errorf("--stream-url %s: URL %d of %d: %s", redact.URL(c.URL), i+1, len(urls), form)
 		}
 		if strings.HasPrefix(u, "rabbitmq-stream+tls://") {
 			tlsCount++
@@ -46,6 +54,18 @@ func (c Config) checkURLs() error {
 		return fmt.Errorf("--stream-url %s: either every URL is rabbitmq-stream+tls:// or none", redact.URL(c.URL))
 	}
 	return nil
+}
+
+// HasPassword reports whether any URL of the list names a password.
+func (c Config) HasPassword() bool {
+	for _, u := range c.URLs() {
+		if p, err := url.Parse(u); err == nil {
+			if _, has := p.User.Password(); has {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // hosts is the host of each URL of the list.
@@ -59,8 +79,9 @@ func (c Config) hosts() []string {
 	return hosts
 }
 
-// dialURLs are the URLs the client dials: URLs with PasswordFile's
-// password. Errors name the file, never the password.
+// dialURLs are the URLs the client dials: URLs, each without a password
+// of its own given PasswordFile's. Errors name the file, never the
+// password.
 func (c Config) dialURLs() ([]string, error) {
 	urls := c.URLs()
 	if c.PasswordFile == "" {
@@ -73,7 +94,10 @@ func (c Config) dialURLs() ([]string, error) {
 	for i, raw := range urls {
 		u, err := url.Parse(raw)
 		if err != nil {
-			return nil, fmt.Errorf("--stream-url %s does not parse", redact.URL(raw))
+			return nil, fmt.Errorf("--stream-url %s does not parse", redact.URL(c.URL))
+		}
+		if _, has := u.User.Password(); has {
+			continue
 		}
 		u.User = url.UserPassword(u.User.Username(), pw)
 		urls[i] = u.String()
@@ -111,12 +135,13 @@ func anyHostVerifier(cfg *tls.Config, hosts []string) {
 // probeTimeout bounds firstReachable's dial of each URL.
 const probeTimeout = 3 * time.Second
 
-// firstReachable is the index of the first URL whose host:port accepts a
-// TCP connection (0 when none does: the client's own dial then reports
-// the error).
-func firstReachable(urls []string) int {
-	for i, raw := range urls {
-		u, err := url.Parse(raw)
+// firstReachable is the index of the first URL, from start on and
+// wrapping around, whose host:port accepts a TCP connection (start when
+// none does: the client's own dial then reports the error).
+func firstReachable(urls []string, start int) int {
+	for k := range urls {
+		i := (start + k) % len(urls)
+		u, err := url.Parse(urls[i])
 		if err != nil {
 			continue
 		}
@@ -130,5 +155,5 @@ func firstReachable(urls []string) int {
 			return i
 		}
 	}
-	return 0
+	return start
 }

@@ -18,14 +18,25 @@ func TestUnitStreamURLList(t *testing.T) {
 	if want := "rabbitmq-stream://u:p@n1:5552/v,rabbitmq-stream://u:p@n2:5552/v"; err != nil || got != want {
 		t.Fatalf("FromAMQP of two nodes: %q, %v; want %q", got, err, want)
 	}
+	if got, _ := FromAMQP("amqp://u:p@h:5672/,amqp://u:p@h:5673/"); got != "rabbitmq-stream://u:p@h:5552/" {
+		t.Errorf("FromAMQP of two nodes on one host: %q, want one stream URL", got)
+	}
 	base := Config{Stream: "s", Partitions: 1, Producer: "d", Window: 1}
+	if got := (Config{URL: "rabbitmq-stream://relay:123,secret@n1:5552/v , rabbitmq-stream://relay:x@n2:5552/v"}).URLs(); len(got) != 2 ||
+		got[0] != "rabbitmq-stream://relay:123,secret@n1:5552/v" || got[1] != "rabbitmq-stream://relay:x@n2:5552/v" {
+		t.Errorf("URLs of a list whose first password holds a comma: %q", got)
+	}
 	for _, c := range []struct {
 		url, bad string // bad: what the error must say ("" when valid)
 	}{
 		{"rabbitmq-stream://u:p@n1:5552/, rabbitmq-stream://u:p@n2:5552/", ""},
-		{"rabbitmq-stream://u:p@n1:5552/,,rabbitmq-stream://u:p@n2:5552/", "URL 2 of 3 is empty"},
+		{"rabbitmq-stream://u:p@n1:5552/,,rabbitmq-stream://u:p@n2:5552/", "an empty URL"},
+		{"rabbitmq-stream://u:p@n1:5552/,", "an empty URL"},
+		// A comma in a password is the password's, not a second URL.
+		{"rabbitmq-stream://relay:123,secretpart@n1:5552/v", ""},
 		{"rabbitmq-stream://u:p@n1:5552/,rabbitmq-stream+tls://u:p@n2:5551/", "either every URL"},
-		{"rabbitmq-stream://u:p@n1:5552/,amqp://u:p@n2:5672/", "--stream-url"},
+		{"rabbitmq-stream://u:p@n1:5552/,amqp://u:p@n2:5672/", "URL 2 of 2"},
+		{"rabbitmq-stream://u:123,secretpart@n1:5552/,amqp://u:p@n2:5672/", "URL 2 of 2"},
 	} {
 		cfg := base
 		cfg.URL = c.url
@@ -33,7 +44,7 @@ func TestUnitStreamURLList(t *testing.T) {
 		if (c.bad == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.bad)) {
 			t.Errorf("%s: %v, want %q", c.url, err, c.bad)
 		}
-		if err != nil && strings.Contains(err.Error(), ":p@") {
+		if err != nil && (strings.Contains(err.Error(), ":p@") || strings.Contains(err.Error(), "secretpart")) {
 			t.Errorf("%s: the error shows a password: %v", c.url, err)
 		}
 	}
