@@ -35,19 +35,7 @@ func streamLeaderKilled(t *testing.T, c *testenv.RabbitCluster) {
 		urls[i], amqpURLs[i] = n.StreamURL(), n.URL()
 	}
 	sc := streams.Config{Stream: fmt.Sprintf("cluster-%d", time.Now().UnixNano()), Partitions: parts, URL: strings.Join(urls, ",")}
-	names := make([]string, parts)
-	for i := range names {
-		names[i] = sc.PartitionName(i)
-	}
-	pub, err := streams.Dial(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = pub.Declare()
-	pub.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	names := declarePartitions(t, sc)
 	leader := streamLeader(t, c, names[0])
 	// Read and deleted through a node that stays up: a node killed and
 	// started again answered "stream not available" for minutes on 3.10.8

@@ -29,19 +29,7 @@ func streamFailoverRig(t *testing.T, parts int) (*failoverRig, streams.Config) {
 	}
 	sc := streams.Config{Stream: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano()), Partitions: parts,
 		URL: u, Window: 100}
-	pub, err := streams.Dial(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = pub.Declare()
-	pub.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := make([]string, parts)
-	for i := range names {
-		names[i] = sc.PartitionName(i)
-	}
+	names := declarePartitions(t, sc)
 	testenv.DeleteStreamsAtCleanup(t, u, names...)
 	f.v = validator.New()
 	stop, err := validator.ConsumeStreams(u, names, f.v)
@@ -58,6 +46,26 @@ func streamFailoverRig(t *testing.T, parts int) (*failoverRig, streams.Config) {
 		CheckpointInterval: time.Second, HeartbeatInterval: 5 * time.Second,
 	})
 	return f, sc
+}
+
+// declarePartitions declares sc's partition streams (the topology step)
+// and returns their names.
+func declarePartitions(t *testing.T, sc streams.Config) []string {
+	t.Helper()
+	pub, err := streams.Dial(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pub.Declare()
+	pub.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, sc.Partitions)
+	for i := range names {
+		names[i] = sc.PartitionName(i)
+	}
+	return names
 }
 
 // storedStreamIDs is the progress row's stream_ids on db.
