@@ -108,7 +108,23 @@ func environment(cfg Config) (*stream.Environment, string, error) {
 			opts.SetSaslConfiguration(stream.SaslConfigurationExternal)
 		}
 	}
-	first := 0
+	connectErr := func(err error) error {
+		return fmt.Errorf("connect to the stream protocol at %s (is the rabbitmq_stream plugin enabled? rabbitmq-plugins enable rabbitmq_stream): %w",
+			redact.URL(cfg.URL), scrubbedAll(err, uris))
+	}
+	// The first that answers leads, so that the node reported is the one
+	// connected to. With several the probe starts at a node drawn at
+	// random: a node can accept connections and still answer "stream not
+	// available" for minutes (seen on 3.10.8 after a SIGKILL and restart),
+	// and a term that fails on it then tries another at the next term.
+	start := 0
+	if len(uris) > 1 {
+		start = rand.IntN(len(uris))
+	}
+	first, err := firstReachable(uris, start, tc, probeTimeout)
+	if err != nil {
+		return nil, "", connectErr(err)
+	}
 	if len(uris) == 1 {
 		opts.SetUri(uris[0])
 		if u, err := url.Parse(uris[0]); err == nil && u.Hostname() != "" {
@@ -121,19 +137,12 @@ func environment(cfg Config) (*stream.Environment, string, error) {
 			opts.SetAddressResolver(stream.AddressResolver{Host: u.Hostname(), Port: p})
 		}
 	} else {
-		// The client tries its URIs in order: the first that answers
-		// now leads, so that the node reported is the one connected to.
-		// The probe starts at a node drawn at random: a node can accept
-		// connections and still answer "stream not available" for
-		// minutes (seen on 3.10.8 after a SIGKILL and restart), and a
-		// term that fails on it then tries another at the next term.
-		first = firstReachable(uris, rand.IntN(len(uris)))
+		// The client tries its URIs in order.
 		opts.SetUris(append(append([]string(nil), uris[first:]...), uris[:first]...))
 	}
 	env, err := stream.NewEnvironment(opts)
 	if err != nil {
-		return nil, "", fmt.Errorf("connect to the stream protocol at %s (is the rabbitmq_stream plugin enabled? rabbitmq-plugins enable rabbitmq_stream): %w",
-			redact.URL(cfg.URL), scrubbedAll(err, uris))
+		return nil, "", connectErr(err)
 	}
 	node := ""
 	if u, err := url.Parse(uris[first]); err == nil {

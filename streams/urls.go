@@ -132,28 +132,53 @@ func anyHostVerifier(cfg *tls.Config, hosts []string) {
 	}
 }
 
-// probeTimeout bounds firstReachable's dial of each URL.
+// probeTimeout bounds reachable's dial and handshake of each URL.
 const probeTimeout = 3 * time.Second
 
+// reachable dials raw's host:port and, with tc (a rabbitmq-stream+tls://
+// URL), completes a TLS handshake, all within timeout: the client's own
+// dial has no timeout, and its TLS handshake none either, so a node that
+// accepts connections and answers nothing (a stopped process, a paused VM)
+// would hold a term forever.
+func reachable(raw string, tc *tls.Config, timeout time.Duration) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return errors.New("the URL does not parse")
+	}
+	port := u.Port()
+	if port == "" {
+		port = strconv.Itoa(DefaultPort)
+	}
+	addr := net.JoinHostPort(u.Hostname(), port)
+	conn, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if tc == nil {
+		return nil
+	}
+	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	if err := tls.Client(conn, tc).Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake with %s: %w", addr, err)
+	}
+	return nil
+}
+
 // firstReachable is the index of the first URL, from start on and
-// wrapping around, whose host:port accepts a TCP connection (start when
-// none does: the client's own dial then reports the error).
-func firstReachable(urls []string, start int) int {
+// wrapping around, that is reachable within timeout; an error naming each
+// URL's failure (hosts and ports only) when none is.
+func firstReachable(urls []string, start int, tc *tls.Config, timeout time.Duration) (int, error) {
+	var errs []error
 	for k := range urls {
 		i := (start + k) % len(urls)
-		u, err := url.Parse(urls[i])
-		if err != nil {
-			continue
-		}
-		port := u.Port()
-		if port == "" {
-			port = strconv.Itoa(DefaultPort)
-		}
-		conn, err := net.DialTimeout("tcp", net.JoinHostPort(u.Hostname(), port), probeTimeout)
+		err := reachable(urls[i], tc, timeout)
 		if err == nil {
-			_ = conn.Close()
-			return i
+			return i, nil
 		}
+		errs = append(errs, fmt.Errorf("stream node %d of %d: %w", i+1, len(urls), err))
 	}
-	return start
+	return 0, fmt.Errorf("no stream node answered within %v: %w", timeout, errors.Join(errs...))
 }

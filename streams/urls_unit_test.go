@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/publish"
@@ -95,5 +96,60 @@ func TestUnitStreamTLSAcrossNodes(t *testing.T) {
 	cfg.URL = "rabbitmq-stream+tls://u:p@node-1.example:5551/,rabbitmq-stream+tls://u:p@node-2.example:5551/"
 	if err := handshake(cfg, other.TLS); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("a certificate of another CA: %v", err)
+	}
+}
+
+// A node that accepts connections and answers nothing (a stopped process)
+// is skipped within the probe's timeout, over TLS where the client's own
+// handshake has no deadline; with every node so, the error names each.
+func TestUnitFirstReachableSkipsASilentNode(t *testing.T) {
+	ca := testenv.NewCA(t)
+	cert := ca.Issue(t, "127.0.0.1")
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() { // ends when silent closes, and closes what it accepted (never answered)
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	good, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert.TLS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	go func() { // ends when good closes
+		for {
+			c, err := good.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _ = c.(*tls.Conn).Handshake(); c.Close() }()
+		}
+	}()
+	cfg := Config{TLS: publish.ConnOptions{TLSCA: ca.CertFile},
+		URL: "rabbitmq-stream+tls://u:p@" + silent.Addr().String() + "/,rabbitmq-stream+tls://u:p@" + good.Addr().String() + "/"}
+	tc, _, err := cfg.tlsConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i, err := firstReachable(cfg.URLs(), 0, tc, 200*time.Millisecond); err != nil || i != 1 {
+		t.Fatalf("first reachable: %d, %v; want the answering node (1)", i, err)
+	}
+	_, err = firstReachable(cfg.URLs()[:1], 0, tc, 200*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "stream node 1 of 1") || strings.Contains(err.Error(), ":p@") {
+		t.Fatalf("only the silent node: %v; want an error naming it, without the password", err)
 	}
 }
