@@ -16,6 +16,8 @@ const (
 	DefaultReconnectMin  = 100 * time.Millisecond
 	DefaultReconnectMax  = 10 * time.Second
 	DefaultNackGiveUp    = 30 * time.Second
+	// DefaultConfirmStuckAfter: see Config.ConfirmStuckAfter.
+	DefaultConfirmStuckAfter = 2 * time.Minute
 
 	// maxConfirmWindow keeps the per-channel notification buffers (sized to
 	// the window) and the memory a window pins reasonable.
@@ -68,6 +70,18 @@ type Config struct {
 	// once the first time, then after a backoff from ReconnectMin doubling
 	// to ReconnectMax. Default 30s.
 	NackGiveUp time.Duration
+	// ConfirmStuckAfter is how long a connection that is up and not
+	// blocked (connection.blocked: a resource alarm) may go without any
+	// confirmation while messages are on the wire (ConfirmWait) before the
+	// Publisher closes it and dials again, its Channels publishing the
+	// unconfirmed messages again on the new one (at least once: a message
+	// the broker took without confirming is then stored twice). RabbitMQ
+	// before 4.2 can leave a channel's publishes to a quorum queue
+	// unconfirmed for good after a node outage (the queue's client in the
+	// channel never resends a lost command, and the queue waits for it);
+	// a quorum queue without a majority for longer than this also sees its
+	// publishers reconnect. Default DefaultConfirmStuckAfter.
+	ConfirmStuckAfter time.Duration
 	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
 	// between dial attempts and channel reopens. Defaults 100ms and 10s.
 	ReconnectMin, ReconnectMax time.Duration
@@ -132,6 +146,12 @@ func (c *Config) Validate() error {
 	}
 	if c.NackGiveUp < 0 {
 		return fmt.Errorf("publish config: NackGiveUp %v must not be negative", c.NackGiveUp)
+	}
+	if c.ConfirmStuckAfter == 0 {
+		c.ConfirmStuckAfter = DefaultConfirmStuckAfter
+	}
+	if c.ConfirmStuckAfter < 0 {
+		return fmt.Errorf("publish config: ConfirmStuckAfter %v must not be negative", c.ConfirmStuckAfter)
 	}
 	if c.ReconnectMin == 0 {
 		c.ReconnectMin = DefaultReconnectMin

@@ -196,14 +196,26 @@ func (p *Publisher) supervise(conn *amqp.Connection, node string) {
 }
 
 // watch publishes conn to the Channels and returns when it is lost (lost
-// true) or when p.ctx ended (false; conn is then closed). blamed says that
+// true; also when it closed conn after Config.ConfirmStuckAfter without a
+// confirmation) or when p.ctx ended (false; conn is then closed). blamed says that
 // the broker closed conn over a message (blameConnCode): the messages that
 // were on the wire are then p.suspects.
 func (p *Publisher) watch(conn *amqp.Connection, node string, ev connEvents) (lost, blamed bool) {
 	closes, blocks := ev.closes, ev.blocks
 	p.setConn(conn, node)
+	stuck := time.NewTicker(min(max(p.cfg.ConfirmStuckAfter/4, 10*time.Millisecond), 5*time.Second))
+	defer stuck.Stop()
 	for {
 		select {
+		case <-stuck.C:
+			if wait := p.ConfirmWait(); wait > p.cfg.ConfirmStuckAfter && !p.Blocked() {
+				p.log.Warn("no publisher confirms for a while on a connection that is up: closing it, to publish the unconfirmed messages again on a new one "+
+					"(RabbitMQ before 4.2 can leave a channel's quorum-queue publishes unconfirmed for good after a node outage)",
+					zap.String("node", node), zap.Duration("waited", wait))
+				p.setConn(nil, "")
+				_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
+				return true, false
+			}
 		case <-p.ctx.Done():
 			p.setConn(nil, "")
 			// Bounded: a broker that blocks us may not answer close-ok.
