@@ -205,10 +205,23 @@ func (p *Publisher) watch(conn *amqp.Connection, node string, ev connEvents) (lo
 	p.setConn(conn, node)
 	stuck := time.NewTicker(min(max(p.cfg.ConfirmStuckAfter/4, 10*time.Millisecond), 5*time.Second))
 	defer stuck.Stop()
+	// The wait counts from the end of the last connection.blocked seen:
+	// a blocked broker confirms nothing, by design.
+	var blockedAt time.Time
 	for {
 		select {
 		case <-stuck.C:
-			if wait := p.ConfirmWait(); wait > p.cfg.ConfirmStuckAfter && !p.Blocked() {
+			if p.Blocked() {
+				blockedAt = time.Now()
+				continue
+			}
+			wait := p.ConfirmWait()
+			if !blockedAt.IsZero() {
+				wait = min(wait, time.Since(blockedAt))
+			}
+			// A connection already closing is left to its close event
+			// (which may blame a message).
+			if wait > p.cfg.ConfirmStuckAfter && !conn.IsClosed() {
 				p.log.Warn("no publisher confirms for a while on a connection that is up: closing it, to publish the unconfirmed messages again on a new one "+
 					"(RabbitMQ before 4.2 can leave a channel's quorum-queue publishes unconfirmed for good after a node outage)",
 					zap.String("node", node), zap.Duration("waited", wait))

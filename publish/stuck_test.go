@@ -54,6 +54,12 @@ func TestStuckConfirmsReconnect(t *testing.T) {
 	proxy.Stall()
 	stuck := func() int { return logs.FilterMessageSnippet("no publisher confirms for a while").Len() }
 	waitUntil(t, progress.Patience, "the stuck connection closed", func() bool { return stuck() > 0 })
+	// Closed, not only logged: no connection while the network still drops
+	// everything (the redial reaches no broker), long before the client's
+	// own heartbeat would give up.
+	if up, _ := p.Connected(); up {
+		t.Fatal("still connected after the stuck connection was reported closed")
+	}
 	proxy.Unstall()
 	wg.Wait()
 
