@@ -413,3 +413,28 @@ func viaProxy(t testing.TB, url, addr string) string {
 	fmt.Sscan(port, &u.Port)
 	return u.String()
 }
+
+// publishLanes publishes perLane messages on each of lanes Channels of p, in
+// the background, 10 keys per Channel (some messages on the wire, some
+// parked behind their key's at a fault); wg.Wait returns when each was
+// accepted. It returns each Channel's results and messages.
+func publishLanes(t *testing.T, p *publish.Publisher, exchange string, lanes, perLane int) ([]*results, [][]publish.Message, *sync.WaitGroup) {
+	t.Helper()
+	wg := &sync.WaitGroup{}
+	res := make([]*results, lanes)
+	msgs := make([][]publish.Message, lanes)
+	for lane := range lanes {
+		var c *publish.Channel
+		c, res[lane] = newChannel(t, p)
+		for i := range perLane {
+			id := uint64(lane*perLane + i + 1)
+			msgs[lane] = append(msgs[lane], message(t, record(id, lane*10+i%10, exchange, "k")))
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			publishAll(t, c, msgs[lane])
+		}()
+	}
+	return res, msgs, wg
+}

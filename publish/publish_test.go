@@ -296,24 +296,7 @@ func TestReconnectAfterCut(t *testing.T) {
 	cons := consume(t, b.URL, b.Queue)
 
 	const lanes, perLane = 2, 1000
-	var wg sync.WaitGroup
-	res := make([]*results, lanes)
-	msgs := make([][]publish.Message, lanes)
-	for lane := range lanes {
-		var c *publish.Channel
-		c, res[lane] = newChannel(t, p)
-		for i := range perLane {
-			// 10 keys per Channel: some messages on the wire, some parked
-			// behind their key's when the connection is cut.
-			id := uint64(lane*perLane + i + 1)
-			msgs[lane] = append(msgs[lane], message(t, record(id, lane*10+i%10, b.Exchange, "k")))
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			publishAll(t, c, msgs[lane])
-		}()
-	}
+	res, msgs, wg := publishLanes(t, p, b.Exchange, lanes, perLane)
 	// Cut twice mid-stream, once while refusing new connections for a while.
 	total := func() int { return res[0].len() + res[1].len() }
 	waitUntil(t, 30*time.Second, "400 results", func() bool { return total() >= 400 })

@@ -1,7 +1,6 @@
 package publish_test
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -33,22 +32,7 @@ func TestStuckConfirmsReconnect(t *testing.T) {
 	cons := consume(t, b.URL, b.Queue)
 
 	const lanes, perLane = 2, 1000
-	var wg sync.WaitGroup
-	res := make([]*results, lanes)
-	msgs := make([][]publish.Message, lanes)
-	for lane := range lanes {
-		var c *publish.Channel
-		c, res[lane] = newChannel(t, p)
-		for i := range perLane {
-			id := uint64(lane*perLane + i + 1)
-			msgs[lane] = append(msgs[lane], message(t, record(id, lane*10+i%10, b.Exchange, "k")))
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			publishAll(t, c, msgs[lane])
-		}()
-	}
+	res, msgs, wg := publishLanes(t, p, b.Exchange, lanes, perLane)
 	total := func() int { return res[0].len() + res[1].len() }
 	waitUntil(t, progress.Patience, "400 results", func() bool { return total() >= 400 })
 	proxy.Stall()
