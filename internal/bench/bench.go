@@ -136,20 +136,35 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// ModeResult is what one relay mode measured.
-type ModeResult struct {
+// Latency is the latency phase's figures, alike into a queue and into the
+// streams (its fields are inlined in the JSON of the result embedding it).
+type Latency struct {
 	LatencyP50Ms Stat `json:"latency_p50_ms"`
 	LatencyP95Ms Stat `json:"latency_p95_ms"`
 	LatencyP99Ms Stat `json:"latency_p99_ms"`
 	LatencyMaxMs Stat `json:"latency_max_ms"`
-	// A bare amqp091 publisher's publish → receive latency at the same rate,
-	// measured just before the relay's.
+	// A bare publisher's publish → receive latency at the same rate to the
+	// same destination, measured just before the relay's.
 	BareLatencyP50Ms Stat `json:"bare_latency_p50_ms"`
 	BareLatencyP99Ms Stat `json:"bare_latency_p99_ms"`
 	// How long the latency phase's COMMITs took: a max near the latency max
 	// means the stall was the database's commit, not the relay.
-	CommitP99Ms     Stat `json:"commit_p99_ms"`
-	CommitMaxMs     Stat `json:"commit_max_ms"`
+	CommitP99Ms Stat `json:"commit_p99_ms"`
+	CommitMaxMs Stat `json:"commit_max_ms"`
+}
+
+// latencyOf is the Latency of one mode's samples.
+func latencyOf(s map[string][]float64) Latency {
+	return Latency{
+		LatencyP50Ms: statOf(s["p50"]), LatencyP95Ms: statOf(s["p95"]), LatencyP99Ms: statOf(s["p99"]),
+		LatencyMaxMs: statOf(s["max"]), BareLatencyP50Ms: statOf(s["bare_p50"]), BareLatencyP99Ms: statOf(s["bare_p99"]),
+		CommitP99Ms: statOf(s["commit_p99"]), CommitMaxMs: statOf(s["commit_max"]),
+	}
+}
+
+// ModeResult is what one relay mode measured.
+type ModeResult struct {
+	Latency              // its bare publisher is a plain amqp091 one
 	CatchUpMsgsPerS Stat `json:"catch_up_msgs_per_s"` // into the queue, no consumer attached
 	RatioToBare     Stat `json:"ratio_to_bare"`
 	// The same catch-up while a consumer drains the queue as fast as it
@@ -279,12 +294,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.BareMsgsPerS, res.BareLiveMsgsPerS = statOf(bare), statOf(bareLive)
 	for mode, s := range samples {
 		res.Modes[mode] = ModeResult{
-			LatencyP50Ms: statOf(s["p50"]), LatencyP95Ms: statOf(s["p95"]), LatencyP99Ms: statOf(s["p99"]),
-			LatencyMaxMs: statOf(s["max"]), CatchUpMsgsPerS: statOf(s["catch_up"]), RatioToBare: statOf(s["ratio"]),
+			Latency: latencyOf(s), CatchUpMsgsPerS: statOf(s["catch_up"]), RatioToBare: statOf(s["ratio"]),
 			CatchUpLiveMsgsPerS: statOf(s["catch_up_live"]), RatioToBareLive: statOf(s["ratio_live"]),
 			CatchUpRepeats: statOf(s["catch_up_repeats"]), CatchUpLiveRepeats: statOf(s["catch_up_live_repeats"]),
-			BareLatencyP50Ms: statOf(s["bare_p50"]), BareLatencyP99Ms: statOf(s["bare_p99"]),
-			CommitP99Ms: statOf(s["commit_p99"]), CommitMaxMs: statOf(s["commit_max"]),
 			IdleQueriesPerS: statOf(s["idle_qps"]), ScheduledQueriesPerS: statOf(s["scheduled_qps"]), RelayCPUSeconds: statOf(s["cpu"]), RelayPeakRSSMiB: statOf(s["rss"]),
 		}
 	}

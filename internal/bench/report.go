@@ -38,14 +38,7 @@ func (r *Result) Table(w io.Writer) {
 func (r *Result) modeTable(w io.Writer, modes []string) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := modeRows(tw, modes, func(m string) ModeResult { return r.Modes[m] })
-	row("commit → receive p50 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP50Ms })
-	row("commit → receive p95 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP95Ms })
-	row("commit → receive p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyP99Ms })
-	row("commit → receive max (ms)", "%.2f", func(m ModeResult) Stat { return m.LatencyMaxMs })
-	row("COMMIT duration p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.CommitP99Ms })
-	row("COMMIT duration max (ms)", "%.2f", func(m ModeResult) Stat { return m.CommitMaxMs })
-	row("bare publish → receive p50 (ms)", "%.2f", func(m ModeResult) Stat { return m.BareLatencyP50Ms })
-	row("bare publish → receive p99 (ms)", "%.2f", func(m ModeResult) Stat { return m.BareLatencyP99Ms })
+	latencyRows(row, func(m ModeResult) Latency { return m.Latency })
 	row("catch-up into the queue (msg/s)", "%.0f", func(m ModeResult) Stat { return m.CatchUpMsgsPerS })
 	row("ratio to bare publisher", "%.2f", func(m ModeResult) Stat { return m.RatioToBare })
 	row("catch-up, live consumer (msg/s)", "%.0f", func(m ModeResult) Stat { return m.CatchUpLiveMsgsPerS })
@@ -92,6 +85,22 @@ func (r *Result) shapeTable(w io.Writer) {
 		}
 	}
 	tw.Flush()
+}
+
+// latencyRows prints the latency phase's rows (Latency) through row, for
+// results R that embed it (lat).
+func latencyRows[R any](row func(name, format string, get func(R) Stat), lat func(R) Latency) {
+	ms := func(name string, get func(Latency) Stat) {
+		row(name, "%.2f", func(m R) Stat { return get(lat(m)) })
+	}
+	ms("commit → receive p50 (ms)", func(l Latency) Stat { return l.LatencyP50Ms })
+	ms("commit → receive p95 (ms)", func(l Latency) Stat { return l.LatencyP95Ms })
+	ms("commit → receive p99 (ms)", func(l Latency) Stat { return l.LatencyP99Ms })
+	ms("commit → receive max (ms)", func(l Latency) Stat { return l.LatencyMaxMs })
+	ms("COMMIT duration p99 (ms)", func(l Latency) Stat { return l.CommitP99Ms })
+	ms("COMMIT duration max (ms)", func(l Latency) Stat { return l.CommitMaxMs })
+	ms("bare publish → receive p50 (ms)", func(l Latency) Stat { return l.BareLatencyP50Ms })
+	ms("bare publish → receive p99 (ms)", func(l Latency) Stat { return l.BareLatencyP99Ms })
 }
 
 // modeRows writes the header of a table with a column per mode to tw and

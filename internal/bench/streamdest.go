@@ -107,9 +107,7 @@ func (b *bencher) runStreams(ctx context.Context, res *Result) error {
 	res.Stream = &StreamResult{Partitions: b.cfg.StreamPartitions, BareMsgsPerS: statOf(bare), BarePublishedMsgsPerS: statOf(barePub), Modes: map[string]StreamModeResult{}}
 	for mode, s := range samples {
 		res.Stream.Modes[mode] = StreamModeResult{
-			LatencyP50Ms: statOf(s["p50"]), LatencyP95Ms: statOf(s["p95"]), LatencyP99Ms: statOf(s["p99"]),
-			LatencyMaxMs: statOf(s["max"]), BareLatencyP50Ms: statOf(s["bare_p50"]), BareLatencyP99Ms: statOf(s["bare_p99"]),
-			CommitP99Ms: statOf(s["commit_p99"]), CommitMaxMs: statOf(s["commit_max"]),
+			Latency:                  latencyOf(s),
 			CatchUpPublishedMsgsPerS: statOf(s["catch_up_published"]), RatioToBarePublished: statOf(s["ratio_published"]),
 			CatchUpMsgsPerS: statOf(s["catch_up"]), RatioToBare: statOf(s["ratio"]), CatchUpRepeats: statOf(s["repeats"]),
 			RelayCPUSeconds: statOf(s["cpu"]), RelayPeakRSSMiB: statOf(s["rss"]),

@@ -21,16 +21,7 @@ type StreamResult struct {
 
 // StreamModeResult is what one relay mode measured into the streams.
 type StreamModeResult struct {
-	LatencyP50Ms Stat `json:"latency_p50_ms"`
-	LatencyP95Ms Stat `json:"latency_p95_ms"`
-	LatencyP99Ms Stat `json:"latency_p99_ms"`
-	LatencyMaxMs Stat `json:"latency_max_ms"`
-	// The bare stream producer's publish → receive latency at the same
-	// rate into the same streams, measured just before the relay's.
-	BareLatencyP50Ms Stat `json:"bare_latency_p50_ms"`
-	BareLatencyP99Ms Stat `json:"bare_latency_p99_ms"`
-	CommitP99Ms      Stat `json:"commit_p99_ms"`
-	CommitMaxMs      Stat `json:"commit_max_ms"`
+	Latency // its bare publisher is the bare stream producer, into the same streams
 	// The backlog into the streams until the relay acknowledged every row
 	// (each confirmed by the broker), and its ratio to the bare producer's
 	// rate until every message was confirmed: the publishing work alone.
@@ -59,14 +50,7 @@ func (s *StreamResult) streamTable(w io.Writer) {
 	fmt.Fprintf(w, "stream destination: %d partition streams\n\n", s.Partitions)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := modeRows(tw, modes, func(m string) StreamModeResult { return s.Modes[m] })
-	row("commit → receive p50 (ms)", "%.2f", func(m StreamModeResult) Stat { return m.LatencyP50Ms })
-	row("commit → receive p95 (ms)", "%.2f", func(m StreamModeResult) Stat { return m.LatencyP95Ms })
-	row("commit → receive p99 (ms)", "%.2f", func(m StreamModeResult) Stat { return m.LatencyP99Ms })
-	row("commit → receive max (ms)", "%.2f", func(m StreamModeResult) Stat { return m.LatencyMaxMs })
-	row("COMMIT duration p99 (ms)", "%.2f", func(m StreamModeResult) Stat { return m.CommitP99Ms })
-	row("COMMIT duration max (ms)", "%.2f", func(m StreamModeResult) Stat { return m.CommitMaxMs })
-	row("bare publish → receive p50 (ms)", "%.2f", func(m StreamModeResult) Stat { return m.BareLatencyP50Ms })
-	row("bare publish → receive p99 (ms)", "%.2f", func(m StreamModeResult) Stat { return m.BareLatencyP99Ms })
+	latencyRows(row, func(m StreamModeResult) Latency { return m.Latency })
 	row("catch-up, until published (msg/s)", "%.0f", func(m StreamModeResult) Stat { return m.CatchUpPublishedMsgsPerS })
 	row("ratio to bare producer, published", "%.2f", func(m StreamModeResult) Stat { return m.RatioToBarePublished })
 	row("catch-up, until received (msg/s)", "%.0f", func(m StreamModeResult) Stat { return m.CatchUpMsgsPerS })
