@@ -9,8 +9,8 @@ import (
 // enabled) leaves zero from the rest of c, as docs/operations.md states for
 // the CLI: the producers are named after RelayName, each partition's window
 // is ConfirmWindow, the confirmation timeout is
-// streams.DefaultConfirmTimeout, and an empty URL is derived from the first
-// AMQPURL (streams.FromAMQP). The broker is then the AMQP connection's: a URL
+// streams.DefaultConfirmTimeout, and an empty URL is derived from AMQPURL,
+// a stream URL per node (streams.FromAMQP). The broker is then the AMQP connection's: a URL
 // without a password takes AMQPOptions.PasswordFile, and a
 // rabbitmq-stream+tls:// URL without TLS files takes AMQPOptions' CA and
 // client certificate. It runs after RelayName and ConfirmWindow have theirs.

@@ -40,8 +40,8 @@ type Config struct {
 	// URL (--stream-url) is rabbitmq-stream://user:pass@host:5552/vhost:
 	// a single node or a load balancer in front of a cluster, whose
 	// address every connection then goes to; or every node of a cluster,
-	// separated by commas: the first that answers is asked where each
-	// partition's leader is, and each producer connects to its leader as
+	// separated by commas: a node that answers (each term starts at one
+	// drawn at random) is asked where each partition's leader is, and each producer connects to its leader as
 	// the node advertises it (the stream plugin's advertised_host and
 	// advertised_port). Empty: derived from the AMQP URL (FromAMQP).
 	URL string
